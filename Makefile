@@ -1,0 +1,79 @@
+# tokenyard entry points. Every target does its own set-up (the venv, generated
+# code, the control-plane binaries), so a fresh clone needs only `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+STAMP := $(VENV)/.installed
+PROTO_SRC := $(wildcard proto/tokenyard/v1/*.proto)
+PROTO_OUT := $(PROTO_SRC:.proto=_pb2.py)
+
+.PHONY: help install proto test test-unit test-integration lint demo cluster-up cluster-down \
+	cluster-status binaries bench-sim bench-router bench-placement bench-autoscaler bench-rollout crds
+
+help:
+	@echo "make test          unit + integration tests (starts and stops the local stack)"
+	@echo "make demo          local control plane, operator, simulated engines, router"
+	@echo "make lint          ruff"
+	@echo "make cluster-up    start the local control plane (make cluster-down stops it)"
+	@echo "make bench-*       sim | router | placement | autoscaler | rollout"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+proto/tokenyard/v1/%_pb2.py: proto/tokenyard/v1/%.proto $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto --pyi_out=proto --grpc_python_out=proto $<
+
+proto: $(PROTO_OUT)
+
+# The Kubernetes, etcd and kwok binaries (built from their Go modules when missing).
+binaries: $(STAMP)
+	$(PY) -m tokenyard.devcluster binaries
+
+crds: $(STAMP)
+	$(PY) -m tokenyard.core.crdgen --write charts/tokenyard/crds
+
+test: test-unit test-integration
+
+test-unit: $(STAMP) proto
+	$(PYTEST) tests/unit -q -p no:cacheprovider
+
+test-integration: $(STAMP) proto binaries
+	$(PYTEST) tests/integration -q -p no:cacheprovider -m integration
+
+lint: $(STAMP) proto
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+cluster-up: $(STAMP) proto
+	$(PY) -m tokenyard.devcluster up
+
+cluster-down: $(STAMP)
+	$(PY) -m tokenyard.devcluster down
+
+cluster-status: $(STAMP)
+	$(PY) -m tokenyard.devcluster status
+
+demo: $(STAMP) proto binaries
+	$(PY) -m tokenyard.devcluster demo
+
+bench-sim: $(STAMP) proto
+	$(PY) bench/bench_sim.py
+
+bench-router: $(STAMP) proto
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/bench_router.py
+
+bench-placement: $(STAMP) proto
+	$(PY) bench/bench_placement.py
+
+bench-autoscaler: $(STAMP) proto
+	$(PY) bench/bench_autoscaler.py
+
+bench-rollout: $(STAMP) proto
+	$(PY) bench/bench_rollout.py

@@ -1,0 +1,1 @@
+"""Session-wide test configuration; integration fixtures live in tests/integration/conftest.py."""

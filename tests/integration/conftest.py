@@ -1,0 +1,95 @@
+"""Fixtures of the integration tier: one real local control plane per test session, a namespace per test.
+
+The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) starts only when a
+test asks for it, in a temporary folder on free ports, and every process it started is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tokenyard.devcluster.binaries import ensure_binaries
+from tokenyard.devcluster.cluster import DevCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_DIR = ROOT / "charts" / "tokenyard" / "crds"
+
+
+def wait_for(check, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    """Poll `check` until it returns a truthy value; fail the test with `what` when the deadline passes."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+            if value:
+                return value
+        except Exception as e:  # noqa: BLE001 - the condition is still settling; report the last error on timeout
+            last_error = e
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+
+
+class Kubectl:
+    """The real kubectl against the test cluster."""
+
+    def __init__(self, binary: Path, kubeconfig: Path):
+        self.binary, self.kubeconfig = binary, kubeconfig
+
+    def run(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    def apply(self, manifest: dict | str, namespace: str, check: bool = True) -> subprocess.CompletedProcess:
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
+        return self.run("apply", "-n", namespace, "-f", "-", input=text, check=check)
+
+
+@pytest.fixture(scope="session")
+def devcluster(tmp_path_factory):
+    cluster = DevCluster(tmp_path_factory.mktemp("devcluster"))
+    cluster.start()
+    try:
+        kubectl = Kubectl(ensure_binaries(build=False).kubectl, cluster.kubeconfig)
+        kubectl.run("apply", "--server-side", "-f", str(CRD_DIR))
+        kubectl.run("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kubectl(devcluster):
+    return Kubectl(ensure_binaries(build=False).kubectl, devcluster.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def kube_api(devcluster):
+    return devcluster.api()
+
+
+@pytest.fixture
+def namespace(devcluster, kube_api):
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube_api)
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    # Pods are admitted only once the ServiceAccount controller has made the namespace's default account.
+    wait_for(lambda: core.read_namespaced_service_account("default", name), what=f"default ServiceAccount in {name}")
+    yield name
+    core.delete_namespace(name)
