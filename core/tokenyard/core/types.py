@@ -311,7 +311,7 @@ class Rollout(ApiModel):
 
     model_config = rules(
         cel(
-            "self.strategy != 'Canary' || size(self.steps) > 0",
+            "self.strategy != 'Canary' || (has(self.steps) && size(self.steps) > 0)",
             "a Canary rollout needs at least one step",
             ".steps",
         ),

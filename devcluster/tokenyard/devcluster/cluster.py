@@ -196,8 +196,11 @@ class DevCluster:
     # ------------------------------------------------------------------ nodes
     def api(self):
         """A `kubernetes` ApiClient for the admin."""
-        from kubernetes import client, config
+        import urllib3
+        from kubernetes import config
 
+        # The serving certificate is self-signed and the kubeconfig says so; the warning per request is noise.
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         return config.new_client_from_config(str(self.kubeconfig))
 
     def add_nodes(self, nodes: list[dict], gpus: int | None = None) -> None:
