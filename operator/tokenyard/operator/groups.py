@@ -1,0 +1,149 @@
+"""The pure core of group reconciliation: observed groups in, what to delete and how many to create out.
+
+A group is a gang: Ready only when every member is Ready, and recreated whole when a member fails,
+disappears, or cannot bind to its planned node (another workload took the GPUs) for longer than the bind
+timeout. Counting is by groups, never by pods.
+
+Updates roll group by group: new groups (at the update revision) are created up to `replicas + maxSurge`
+groups in all, and an old group is removed only when the Ready groups left stay at or above
+`replicas - maxUnavailable`, so serving capacity never drops below what is asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+PENDING, PLACED, READY, FAILED, TERMINATING = "Pending", "Placed", "Ready", "Failed", "Terminating"
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """One pod of a group, as the adapter read it."""
+
+    name: str
+    rank: int
+    node: str | None = None  # spec.nodeName once bound
+    phase: str = "Pending"  # the pod's status.phase
+    ready: bool = False
+    unschedulable_since: float | None = None  # when PodScheduled turned False/Unschedulable
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class GroupView:
+    index: int
+    revision: str
+    size: int  # pods the group needs
+    members: tuple[MemberView, ...] = ()
+    planned_nodes: tuple[str, ...] = ()  # the node each rank was pinned to
+
+    @property
+    def phase(self) -> str:
+        if any(m.terminating for m in self.members):
+            return TERMINATING
+        ranks = {m.rank for m in self.members}
+        if ranks != set(range(self.size)) or any(m.phase in ("Failed", "Succeeded") for m in self.members):
+            return FAILED
+        if all(m.ready for m in self.members):
+            return READY
+        if all(m.node for m in self.members):
+            return PLACED
+        return PENDING
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == READY
+
+    @property
+    def ready_pods(self) -> int:
+        return sum(1 for m in self.members if m.ready)
+
+    def unbound_for(self, now: float) -> float:
+        """How long the longest-waiting member has been unschedulable (0 when none is)."""
+        waits = [now - m.unschedulable_since for m in self.members if m.unschedulable_since is not None and not m.node]
+        return max(waits, default=0.0)
+
+
+@dataclass
+class Decision:
+    delete: list[tuple[GroupView, str]] = field(default_factory=list)  # group and why
+    create: int = 0  # new groups at the update revision
+    scale_down: int = 0  # further groups of the update revision to remove; the adapter picks which
+    scale_down_candidates: list[GroupView] = field(default_factory=list)
+
+
+def decide(
+    groups: Sequence[GroupView],
+    replicas: int,
+    update_revision: str,
+    max_surge: int,
+    max_unavailable: int,
+    now: float,
+    bind_timeout: float = 30.0,
+) -> Decision:
+    decision = Decision()
+    live: list[GroupView] = []
+    for group in groups:
+        phase = group.phase
+        if phase == TERMINATING:
+            continue
+        if phase == FAILED:
+            decision.delete.append((group, "a member failed or disappeared; recreating the whole group"))
+        elif phase == PENDING and group.unbound_for(now) > bind_timeout:
+            decision.delete.append(
+                (group, f"members did not bind to their planned nodes within {bind_timeout:.0f}s; re-planning the group")
+            )
+        else:
+            live.append(group)
+
+    new = [g for g in live if g.revision == update_revision]
+    old = [g for g in live if g.revision != update_revision]
+
+    if len(new) > replicas:
+        # Not-ready groups go first: they serve nothing. Among ready ones, the adapter asks the placement
+        # planner which removals free the most useful capacity.
+        not_ready = [g for g in new if not g.ready]
+        surplus = len(new) - replicas
+        for group in not_ready[:surplus]:
+            decision.delete.append((group, f"scaling down to {replicas} groups"))
+        decision.scale_down = surplus - min(surplus, len(not_ready))
+        decision.scale_down_candidates = [g for g in new if g.ready]
+        new = new[: len(new) - surplus]
+
+    allowed_total = replicas + max_surge
+    min_ready = max(0, replicas - max_unavailable)
+    ready_new = sum(1 for g in new if g.ready)
+    ready_total = ready_new + sum(1 for g in old if g.ready)
+
+    # Old groups still needed: as many as the update revision lacks Ready groups.
+    keep_old = max(0, replicas - ready_new)
+    if len(new) < replicas and len(new) + len(old) >= allowed_total:
+        # No room to surge: make room by removing old groups, as far as maxUnavailable allows.
+        keep_old = min(keep_old, len(old) - (len(new) + len(old) - allowed_total + 1))
+    removed_old = 0
+    for group in sorted(old, key=lambda g: (g.ready, -g.index)):  # not-ready first, then newest index
+        if len(old) - removed_old <= keep_old:
+            break
+        if group.ready and ready_total - 1 < min_ready:
+            break
+        decision.delete.append((group, f"replaced by revision {update_revision}"))
+        removed_old += 1
+        if group.ready:
+            ready_total -= 1
+
+    groups_after = len(new) + len(old) - removed_old
+    decision.create = max(0, min(replicas - len(new), allowed_total - groups_after))
+    return decision
+
+
+def next_indices(groups: Sequence[GroupView], count: int) -> list[int]:
+    """The smallest group indices not in use by any group (of any revision)."""
+    used = {g.index for g in groups}
+    out: list[int] = []
+    candidate = 0
+    while len(out) < count:
+        if candidate not in used:
+            out.append(candidate)
+        candidate += 1
+    return out

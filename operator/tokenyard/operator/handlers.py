@@ -1,0 +1,606 @@
+"""The Kopf adapter: watches, indexes, one reconcile loop per ModelDeployment, and the API writes.
+
+Level-based: each ModelDeployment has a daemon that re-derives the truth from Kopf's in-memory indexes of
+engine pods, of GPU use per node and of nodes, decides with the pure cores (`groups.decide`,
+`placement.plan`), applies the result, writes status, and sleeps until a pod of the deployment changes or the
+resync interval passes. Everything it needs is in the cluster, so a restarted operator (even after kill -9
+mid-update) converges from what it finds: pods carry their group, rank, revision and planned node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import kopf
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+from pydantic import ValidationError
+from tokenyard.core import labels as keys
+from tokenyard.core.types import ModelDeploymentSpec
+from tokenyard.operator import metrics
+from tokenyard.operator.groups import FAILED, READY, GroupView, MemberView, decide, next_indices
+from tokenyard.operator.manifests import GroupNames, planned_node, pod_manifest, selector, service_manifest
+from tokenyard.operator.placement import (
+    BEST_FIT,
+    SPREAD,
+    Assignment,
+    GroupRequest,
+    GroupShape,
+    Node,
+    TopologyLevel,
+    choose_scale_down,
+    plan,
+    stranded_gpus,
+)
+from tokenyard.operator.revision import revision_hash, revision_template
+
+log = logging.getLogger("tokenyard.operator")
+
+RESYNC_SECONDS = float(os.environ.get("TOKENYARD_RESYNC_SECONDS", "10"))
+BIND_TIMEOUT_SECONDS = float(os.environ.get("TOKENYARD_BIND_TIMEOUT_SECONDS", "30"))
+HISTORY_LIMIT = 10
+ENGINE_SELECTOR = {keys.MANAGED_BY: keys.MANAGED_BY_VALUE, keys.COMPONENT: keys.COMPONENT_ENGINE}
+
+
+class Runtime:
+    """Process-wide state of the adapter: the API client, wake-up events, GPUs reserved but not yet seen."""
+
+    def __init__(self) -> None:
+        self.api: k8s.ApiClient | None = None
+        self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
+        # pod name -> (node, gpus, created at): pods created whose watch event has not reached the index yet;
+        # counted as used so that two reconciles in a row never plan the same GPUs twice.
+        self.reservations: dict[str, tuple[str, int, float]] = {}
+        self.placement_lock = asyncio.Lock()
+        self.last_capacity_message: dict[tuple[str, str], str] = {}
+
+    def wakeup(self, key: tuple[str, str]) -> asyncio.Event:
+        return self.wakeups.setdefault(key, asyncio.Event())
+
+
+RUNTIME = Runtime()
+
+
+# ----------------------------------------------------------------------------- start-up
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.networking.request_timeout = 10
+    settings.networking.connect_timeout = 5
+    # A watch that silently dies is Kopf's most reported failure: make the server end it and reconnect.
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.persistence.finalizer = "tokenyard.dev/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="tokenyard.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="tokenyard.dev", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if kubeconfig:
+        await k8s_config.load_kube_config(config_file=kubeconfig)
+    else:
+        k8s_config.load_incluster_config()
+    RUNTIME.api = k8s.ApiClient()
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    # Kopf's own readers, not a client library's: they read $KUBECONFIG when called, not when imported.
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.cleanup()
+async def close(**_: Any) -> None:
+    if RUNTIME.api is not None:
+        await RUNTIME.api.close()
+
+
+@kopf.on.probe(id="indexes")
+def alive(**_: Any) -> bool:
+    return RUNTIME.api is not None
+
+
+# ----------------------------------------------------------------------------- indexes
+
+
+def _gpus_of(spec: dict[str, Any]) -> int:
+    total = 0
+    for container in spec.get("containers", []):
+        resources = container.get("resources", {})
+        value = resources.get("limits", {}).get(keys.GPU_RESOURCE) or resources.get("requests", {}).get(keys.GPU_RESOURCE)
+        total += int(value or 0)
+    return total
+
+
+@kopf.index("pods")
+def pod_gpus(name: str, namespace: str, spec: Any, status: Any, **_: Any) -> dict[str, tuple[str, int]] | None:
+    """node -> GPUs held by each live pod bound or pinned there (every workload, not only ours)."""
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    gpus = _gpus_of(dict(spec))
+    node = spec.get("nodeName") or planned_node({"spec": dict(spec)})
+    if not gpus or not node:
+        return None
+    return {node: (f"{namespace}/{name}", gpus)}
+
+
+@kopf.index("pods", labels=ENGINE_SELECTOR)
+def engine_pods(name: str, namespace: str, labels: Any, annotations: Any, spec: Any, status: Any, meta: Any, **_: Any):
+    """(namespace, deployment) -> a summary of each engine pod."""
+    deployment = labels.get(keys.MODEL_DEPLOYMENT)
+    if not deployment:
+        return None
+    conditions = {c.get("type"): c for c in status.get("conditions", []) or []}
+    scheduled = conditions.get("PodScheduled", {})
+    unschedulable_since = None
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        unschedulable_since = _parse_time(scheduled.get("lastTransitionTime"))
+    return {
+        (namespace, deployment): {
+            "name": name,
+            "group": int(labels.get(keys.GROUP_INDEX, "-1")),
+            "rank": int(labels.get(keys.RANK, "0")),
+            "revision": labels.get(keys.REVISION, ""),
+            "size": int(annotations.get(keys.ANNOTATION_GROUP_SIZE, "1")),
+            "node": spec.get("nodeName"),
+            "planned": planned_node({"spec": dict(spec)}),
+            "phase": status.get("phase", "Pending"),
+            "ready": conditions.get("Ready", {}).get("status") == "True",
+            "unschedulable_since": unschedulable_since,
+            "terminating": meta.get("deletionTimestamp") is not None,
+            "ip": status.get("podIP"),
+        }
+    }
+
+
+@kopf.index("nodes")
+def nodes(name: str, labels: Any, spec: Any, status: Any, **_: Any):
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []) or [])
+    blocking = [t for t in spec.get("taints", []) or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
+    return {
+        None: {
+            "name": name,
+            "labels": dict(labels),
+            "gpus": int((status.get("allocatable") or {}).get(keys.GPU_RESOURCE, 0) or 0),
+            "ready": ready,
+            "schedulable": not spec.get("unschedulable") and not blocking,
+        }
+    }
+
+
+@kopf.on.event("pods", labels=ENGINE_SELECTOR)
+def engine_pod_changed(namespace: str, labels: Any, **_: Any) -> None:
+    deployment = labels.get(keys.MODEL_DEPLOYMENT)
+    if deployment:
+        RUNTIME.wakeup((namespace, deployment)).set()
+
+
+# ----------------------------------------------------------------------------- the reconcile loop
+
+
+@kopf.daemon(keys.GROUP, keys.VERSION, "modeldeployments", cancellation_timeout=10)
+async def run_deployment(
+    name: str,
+    namespace: str,
+    body: Any,
+    stopped: Any,
+    engine_pods: kopf.Index,
+    pod_gpus: kopf.Index,
+    nodes: kopf.Index,
+    logger: logging.Logger,
+    **_: Any,
+) -> None:
+    key = (namespace, name)
+    wake = RUNTIME.wakeup(key)
+    while not stopped:
+        wake.clear()
+        try:
+            await reconcile(name, namespace, body, engine_pods.get(key, []), pod_gpus, nodes.get(None, []), logger)
+        except Exception as e:  # one bad iteration must not end the loop; the next one starts from the truth
+            metrics.RECONCILE_ERRORS.labels(namespace, name).inc()
+            logger.exception(f"reconcile failed: {e}")
+        try:
+            await asyncio.wait_for(wake.wait(), timeout=RESYNC_SECONDS)
+        except TimeoutError:
+            pass
+        # Coalesce bursts of pod events (a group's pods change together) into one reconcile.
+        await asyncio.sleep(0.2)
+    RUNTIME.wakeups.pop(key, None)
+
+
+async def reconcile(
+    name: str,
+    namespace: str,
+    body: Any,
+    pods: Iterable[dict[str, Any]],
+    pod_gpus_index: Any,
+    node_summaries: Iterable[dict[str, Any]],
+    logger: logging.Logger,
+) -> None:
+    try:
+        spec = ModelDeploymentSpec.parse(dict(body["spec"]))
+    except ValidationError as e:
+        await _patch_status(name, namespace, {"conditions": _conditions(body, [("Degraded", "True", "InvalidSpec", str(e))])})
+        return
+    now = time.time()
+    update_revision = revision_hash(spec)
+    groups = _group_views(pods)
+    decision = decide(
+        groups,
+        replicas=spec.replicas,
+        update_revision=update_revision,
+        max_surge=spec.rollout.max_surge,
+        max_unavailable=spec.rollout.max_unavailable,
+        now=now,
+        bind_timeout=BIND_TIMEOUT_SECONDS,
+    )
+    levels = [TopologyLevel(level.name, level.node_label) for level in spec.placement.topology]
+    node_list = _nodes(node_summaries, pod_gpus_index)
+
+    to_delete = list(decision.delete)
+    if decision.scale_down:
+        chosen = choose_scale_down(
+            [_assignment(name, g, node_list, spec) for g in decision.scale_down_candidates],
+            node_list,
+            decision.scale_down,
+            levels,
+        )
+        by_key = {f"{name}/{g.index}": g for g in decision.scale_down_candidates}
+        to_delete += [(by_key[k], f"scaling down to {spec.replicas} groups") for k in chosen]
+
+    for group, reason in to_delete:
+        await _delete_group(GroupNames(name, namespace, group.revision, group.index), group)
+        if group.phase == FAILED or "re-planning" in reason:
+            metrics.GROUPS_RECREATED.labels(namespace, name).inc()
+            kopf.warning(body, reason="GroupRecreated", message=f"group {group.index}: {reason}")
+        else:
+            kopf.info(body, reason="GroupRemoved", message=f"group {group.index} (revision {group.revision}): {reason}")
+
+    capacity_problem = None
+    if decision.create:
+        capacity_problem = await _create_groups(name, namespace, body, spec, update_revision, groups, decision.create, levels, logger)
+
+    deleted = {(g.index, g.revision) for g, _ in to_delete}
+    remaining = [g for g in groups if (g.index, g.revision) not in deleted]
+    await _write_status(name, namespace, body, spec, update_revision, remaining, node_list, capacity_problem)
+    _export_metrics(namespace, name, remaining, capacity_problem, node_list, spec)
+
+
+def _group_views(pods: Iterable[dict[str, Any]]) -> list[GroupView]:
+    by_group: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for pod in pods:
+        by_group.setdefault((pod["group"], pod["revision"]), []).append(pod)
+    views = []
+    for (index, revision), members in sorted(by_group.items()):
+        members.sort(key=lambda p: p["rank"])
+        views.append(
+            GroupView(
+                index=index,
+                revision=revision,
+                size=max(p["size"] for p in members),
+                members=tuple(
+                    MemberView(
+                        name=p["name"],
+                        rank=p["rank"],
+                        node=p["node"],
+                        phase=p["phase"],
+                        ready=p["ready"],
+                        unschedulable_since=p["unschedulable_since"],
+                        terminating=p["terminating"],
+                    )
+                    for p in members
+                ),
+                planned_nodes=tuple(p["planned"] or "" for p in members),
+            )
+        )
+    return views
+
+
+def _nodes(summaries: Iterable[dict[str, Any]], pod_gpus_index: Any) -> list[Node]:
+    now = time.time()
+    seen_pods: set[str] = set()
+    used: dict[str, int] = {}
+    for summary in summaries:
+        for pod_key, gpus in pod_gpus_index.get(summary["name"], []):
+            seen_pods.add(pod_key.split("/", 1)[1])
+            used[summary["name"]] = used.get(summary["name"], 0) + gpus
+    for pod_name, (node, gpus, created) in list(RUNTIME.reservations.items()):
+        if pod_name in seen_pods or now - created > 60:
+            del RUNTIME.reservations[pod_name]
+        else:
+            used[node] = used.get(node, 0) + gpus
+    return [
+        Node(
+            name=s["name"],
+            labels=s["labels"],
+            gpu_allocatable=s["gpus"],
+            gpu_used=used.get(s["name"], 0),
+            gpu_product=s["labels"].get(keys.NODE_GPU_PRODUCT, ""),
+            ready=s["ready"],
+            schedulable=s["schedulable"],
+        )
+        for s in summaries
+    ]
+
+
+def _assignment(name: str, group: GroupView, node_list: list[Node], spec: ModelDeploymentSpec) -> Assignment:
+    nodes_of_group = tuple(m.node or "" for m in group.members)
+    products = {n.name: n.gpu_product for n in node_list}
+    return Assignment(
+        group_key=f"{name}/{group.index}",
+        nodes=nodes_of_group,
+        gpus_per_pod=spec.parallelism.pod_gpus,
+        gpu_product=products.get(nodes_of_group[0], "") if nodes_of_group else "",
+        level="cluster",
+    )
+
+
+async def _create_groups(
+    name: str,
+    namespace: str,
+    body: Any,
+    spec: ModelDeploymentSpec,
+    revision: str,
+    groups: list[GroupView],
+    count: int,
+    levels: list[TopologyLevel],
+    logger: logging.Logger,
+) -> str | None:
+    """Place and create `count` new groups; return the capacity problem when some could not be placed."""
+    par = spec.parallelism
+    indices = next_indices(groups, count)
+    strategy = SPREAD if spec.placement.strategy == "Spread" else BEST_FIT
+    requests = [
+        GroupRequest(
+            key=f"{name}/{index}",
+            pods=par.pods_per_group,
+            gpus_per_pod=par.pod_gpus,
+            gpu_product=spec.placement.gpu_product,
+            required_level=spec.placement.required,
+            preferred_level=spec.placement.preferred,
+            strategy=strategy,
+        )
+        for index in indices
+    ]
+    async with RUNTIME.placement_lock:
+        # Re-read GPU use inside the lock: another deployment may have just placed groups.
+        started = time.perf_counter()
+        result = plan(_current_nodes(), requests, levels, shapes_in_use=[r.shape for r in requests])
+        metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+        for index, request in zip(indices, requests, strict=True):
+            outcome = result.results[request.key]
+            if not isinstance(outcome, Assignment):
+                continue
+            names = GroupNames(name, namespace, revision, index)
+            for rank, node in enumerate(outcome.nodes):
+                RUNTIME.reservations[names.pod(rank)] = (node, par.pod_gpus, time.time())
+            await _create_group(body, spec, names, outcome)
+            kopf.info(
+                body,
+                reason="GroupPlaced",
+                message=f"group {index} (revision {revision}) on {', '.join(outcome.nodes)} within one {outcome.level}",
+            )
+    problems = [u.reason for u in result.unplaceable]
+    key = (namespace, name)
+    if problems:
+        message = f"{len(problems)} group(s) cannot be placed: {problems[0]}"
+        if RUNTIME.last_capacity_message.get(key) != message:
+            kopf.warning(body, reason="InsufficientCapacity", message=message)
+            RUNTIME.last_capacity_message[key] = message
+        return message
+    RUNTIME.last_capacity_message.pop(key, None)
+    return None
+
+
+_node_source: dict[str, Any] = {}
+
+
+def _current_nodes() -> list[Node]:
+    return _nodes(_node_source["nodes"].get(None, []), _node_source["pod_gpus"])
+
+
+@kopf.on.startup()
+async def _bind_indexes(nodes: kopf.Index, pod_gpus: kopf.Index, **_: Any) -> None:
+    # Kopf's indexes are live mappings; the placement lock re-reads them through these references.
+    _node_source["nodes"] = nodes
+    _node_source["pod_gpus"] = pod_gpus
+
+
+def _owner_reference(body: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": keys.API_VERSION,
+        "kind": "ModelDeployment",
+        "name": body["metadata"]["name"],
+        "uid": body["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+async def _create_group(body: Any, spec: ModelDeploymentSpec, names: GroupNames, assignment: Assignment) -> None:
+    core = k8s.CoreV1Api(RUNTIME.api)
+    owner = _owner_reference(body)
+    service = service_manifest(names)
+    service["metadata"]["ownerReferences"] = [owner]
+    service["spec"]["ports"][0]["port"] = spec.engine.port
+    await _create_ignoring_conflict(core.create_namespaced_service(names.namespace, service))
+    for rank, node in enumerate(assignment.nodes):
+        pod = pod_manifest(spec, names, rank, node)
+        pod["metadata"]["ownerReferences"] = [owner]
+        await _create_ignoring_conflict(core.create_namespaced_pod(names.namespace, pod))
+
+
+async def _create_ignoring_conflict(call) -> None:
+    try:
+        await call
+    except ApiException as e:
+        if e.status != 409:  # already there: a previous, interrupted reconcile created it
+            raise
+
+
+async def _delete_group(names: GroupNames, group: GroupView) -> None:
+    core = k8s.CoreV1Api(RUNTIME.api)
+    for member in group.members:
+        try:
+            await core.delete_namespaced_pod(member.name, names.namespace, grace_period_seconds=0)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    try:
+        await core.delete_namespaced_service(names.service, names.namespace)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+# ----------------------------------------------------------------------------- status
+
+
+def _now_iso() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+
+
+def _conditions(body: Any, updates: list[tuple[str, str, str, str]]) -> list[dict[str, Any]]:
+    """Merge condition updates into the existing list, keeping lastTransitionTime when the status is unchanged."""
+    existing = {c["type"]: dict(c) for c in (body.get("status") or {}).get("conditions", []) or []}
+    generation = body["metadata"].get("generation")
+    for type_, status, reason, message in updates:
+        old = existing.get(type_)
+        changed = old is None or old.get("status") != status
+        existing[type_] = {
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": _now_iso() if changed else old.get("lastTransitionTime", _now_iso()),
+            "observedGeneration": generation,
+        }
+    return list(existing.values())
+
+
+def _domain(group: GroupView, node_list: list[Node], spec: ModelDeploymentSpec) -> str | None:
+    by_name = {n.name: n for n in node_list}
+    members = [by_name.get(m.node or "") for m in group.members]
+    if not members or any(n is None for n in members):
+        return None
+    for level in spec.placement.topology:
+        values = {n.labels.get(level.node_label) for n in members}
+        if len(values) == 1 and None not in values:
+            return f"{level.name}/{values.pop()}"
+    return None
+
+
+async def _write_status(
+    name: str,
+    namespace: str,
+    body: Any,
+    spec: ModelDeploymentSpec,
+    update_revision: str,
+    groups: list[GroupView],
+    node_list: list[Node],
+    capacity_problem: str | None,
+) -> None:
+    status = dict(body.get("status") or {})
+    ready = [g for g in groups if g.ready]
+    updated = [g for g in groups if g.revision == update_revision]
+    ready_by_revision: dict[str, int] = {}
+    for g in ready:
+        ready_by_revision[g.revision] = ready_by_revision.get(g.revision, 0) + 1
+    current = status.get("currentRevision")
+    if ready_by_revision:
+        current = max(ready_by_revision, key=lambda r: (ready_by_revision[r], r == update_revision))
+    elif current is None:
+        current = update_revision
+
+    history = list(status.get("revisionHistory") or [])
+    if not any(h.get("revision") == update_revision for h in history):
+        history.append({"revision": update_revision, "created": _now_iso(), "template": revision_template(spec)})
+        history = history[-HISTORY_LIMIT:]
+
+    min_ready = max(0, spec.replicas - spec.rollout.max_unavailable)
+    available = len(ready) >= min_ready and (spec.replicas == 0 or len(ready) > 0)
+    done = len(updated) == spec.replicas == len(groups) and all(g.ready for g in updated)
+    failed = [g for g in groups if g.phase == FAILED]
+    updates = [
+        ("Available", "True" if available else "False", "MinimumGroupsReady" if available else "TooFewGroupsReady",
+         f"{len(ready)} of {spec.replicas} groups ready"),
+        ("Progressing", "False" if done else "True", "Converged" if done else "ReconcilingGroups",
+         f"{len(updated)} of {spec.replicas} groups at revision {update_revision}"),
+        ("Degraded", "True" if failed else "False", "GroupFailed" if failed else "AllGroupsHealthy",
+         f"{len(failed)} group(s) failed and are being recreated" if failed else "no failed group"),
+        ("InsufficientCapacity", "True" if capacity_problem else "False",
+         "NotEnoughGPUs" if capacity_problem else "Placed", capacity_problem or "every group is placed"),
+    ]
+    patch = {
+        "observedGeneration": body["metadata"].get("generation"),
+        "replicas": len(groups),
+        "placedReplicas": sum(1 for g in groups if all(m.node for m in g.members)),
+        "readyReplicas": len(ready),
+        "updatedReplicas": len(updated),
+        "selector": selector(name),
+        "currentRevision": current,
+        "updateRevision": update_revision,
+        "revisionHistory": history,
+        "groups": [
+            {
+                "index": g.index,
+                "revision": g.revision,
+                "phase": g.phase,
+                "nodes": [m.node or planned for m, planned in zip(g.members, g.planned_nodes, strict=False)],
+                "domain": _domain(g, node_list, spec),
+                "readyPods": g.ready_pods,
+                "pods": g.size,
+            }
+            for g in groups
+        ],
+        "conditions": _conditions(body, updates),
+    }
+    await _patch_status(name, namespace, patch)
+
+
+async def _patch_status(name: str, namespace: str, status: dict[str, Any]) -> None:
+    api = k8s.CustomObjectsApi(RUNTIME.api)
+    try:
+        await api.patch_namespaced_custom_object_status(
+            keys.GROUP, keys.VERSION, namespace, "modeldeployments", name, {"status": status},
+            _content_type="application/merge-patch+json",
+        )
+    except ApiException as e:
+        if e.status != 404:  # deleted meanwhile
+            raise
+
+
+def _export_metrics(
+    namespace: str,
+    name: str,
+    groups: list[GroupView],
+    capacity_problem: str | None,
+    node_list: list[Node],
+    spec: ModelDeploymentSpec,
+) -> None:
+    phases: dict[str, int] = {}
+    for g in groups:
+        phases[g.phase] = phases.get(g.phase, 0) + 1
+    for phase in ("Pending", "Placed", READY, FAILED, "Terminating"):
+        metrics.GROUPS.labels(namespace, name, phase).set(phases.get(phase, 0))
+    metrics.PENDING_GROUPS.labels(namespace, name, "InsufficientCapacity").set(1 if capacity_problem else 0)
+    eligible = [n for n in node_list if n.eligible]
+    metrics.GPUS.labels("allocated").set(sum(min(n.gpu_used, n.gpu_allocatable) for n in eligible))
+    metrics.GPUS.labels("free").set(sum(n.gpu_free for n in eligible))
+    shape = GroupShape(spec.parallelism.pods_per_group, spec.parallelism.pod_gpus, spec.placement.gpu_product)
+    metrics.GPUS.labels("stranded").set(stranded_gpus(eligible, [shape]))

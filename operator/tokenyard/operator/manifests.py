@@ -1,0 +1,142 @@
+"""Pure builders of the objects a replica group is made of: its pods and its headless Service.
+
+Names come from one place (`GroupNames`) so that the operator, its tests and the router agree on them.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from tokenyard.core import labels
+from tokenyard.core.types import ModelDeploymentSpec
+
+# A DNS label holds 63 characters; the Service name also carries "-<revision>-<index>".
+_NAME_BUDGET = 40
+
+
+@dataclass(frozen=True)
+class GroupNames:
+    deployment: str
+    namespace: str
+    revision: str
+    index: int
+
+    @property
+    def service(self) -> str:
+        return f"{self.deployment[:_NAME_BUDGET].rstrip('-')}-{self.revision[:8]}-{self.index}"
+
+    def pod(self, rank: int) -> str:
+        return f"{self.service}-{rank}"
+
+    @property
+    def leader_address(self) -> str:
+        # Resolves through the headless Service: <hostname>.<subdomain>.<namespace>.svc
+        return f"r0.{self.service}.{self.namespace}.svc"
+
+
+def group_labels(names: GroupNames) -> dict[str, str]:
+    return {
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+        labels.COMPONENT: labels.COMPONENT_ENGINE,
+        labels.MODEL_DEPLOYMENT: names.deployment,
+        labels.REVISION: names.revision,
+        labels.GROUP_INDEX: str(names.index),
+    }
+
+
+def selector(deployment: str) -> str:
+    """The scale subresource's selector: one leader pod per group, so a pod count is a group count."""
+    return f"{labels.MODEL_DEPLOYMENT}={deployment},{labels.ROLE}={labels.ROLE_LEADER}"
+
+
+def service_manifest(names: GroupNames) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": names.service, "namespace": names.namespace, "labels": group_labels(names)},
+        "spec": {
+            "clusterIP": "None",
+            # Members must find each other while they start, before they are Ready.
+            "publishNotReadyAddresses": True,
+            "selector": group_labels(names),
+            "ports": [{"name": labels.ENGINE_PORT_NAME, "port": 8000, "targetPort": labels.ENGINE_PORT_NAME}],
+        },
+    }
+
+
+def pod_manifest(spec: ModelDeploymentSpec, names: GroupNames, rank: int, node: str) -> dict[str, Any]:
+    """Pod `rank` of the group, pinned to `node` by a required node affinity (kube-scheduler still binds it)."""
+    par = spec.parallelism
+    pods = par.pods_per_group
+    engine = spec.engine
+    served = spec.model.served_model_name or names.deployment
+    role = labels.ROLE_LEADER if rank == 0 else labels.ROLE_WORKER
+    env = [
+        {"name": labels.ENV_MODEL_DEPLOYMENT, "value": names.deployment},
+        {"name": labels.ENV_SERVED_MODEL_NAME, "value": served},
+        {"name": labels.ENV_REVISION, "value": names.revision},
+        {"name": labels.ENV_GROUP_INDEX, "value": str(names.index)},
+        {"name": labels.ENV_RANK, "value": str(rank)},
+        {"name": labels.ENV_GROUP_SIZE, "value": str(pods)},
+        {"name": labels.ENV_LEADER_ADDRESS, "value": names.leader_address},
+        {"name": labels.ENV_TENSOR_PARALLEL, "value": str(par.tensor)},
+        {"name": labels.ENV_PIPELINE_PARALLEL, "value": str(par.pipeline)},
+        {"name": labels.ENV_ENGINE_PORT, "value": str(engine.port)},
+    ] + [e.dump() for e in engine.env]
+    limits: dict[str, str] = {labels.GPU_RESOURCE: str(par.pod_gpus)}
+    if engine.resources.cpu:
+        limits["cpu"] = engine.resources.cpu
+    if engine.resources.memory:
+        limits["memory"] = engine.resources.memory
+    container = {
+        "name": "engine",
+        "image": engine.image,
+        "args": list(engine.args),
+        "env": env,
+        "ports": [{"name": labels.ENGINE_PORT_NAME, "containerPort": engine.port}],
+        "resources": {"limits": limits, "requests": dict(limits)},
+    }
+    if rank == 0:
+        container["readinessProbe"] = {"httpGet": {"path": "/health", "port": labels.ENGINE_PORT_NAME}, "periodSeconds": 5}
+    template = copy.deepcopy(engine.pod_template or {})
+    meta = template.get("metadata", {})
+    pod_spec = template.get("spec", {})
+    pod_spec.update(
+        {
+            "hostname": f"r{rank}",
+            "subdomain": names.service,
+            "restartPolicy": "Never",  # a failed member fails the group; the operator recreates the gang
+            "containers": [container, *pod_spec.get("containers", [])],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                        ]
+                    }
+                }
+            },
+        }
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": names.pod(rank),
+            "namespace": names.namespace,
+            "labels": {**meta.get("labels", {}), **group_labels(names), labels.RANK: str(rank), labels.ROLE: role},
+            "annotations": {**meta.get("annotations", {}), labels.ANNOTATION_GROUP_SIZE: str(pods)},
+        },
+        "spec": pod_spec,
+    }
+
+
+def planned_node(pod: dict[str, Any]) -> str | None:
+    """The node a pod was pinned to, read back from its affinity."""
+    try:
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        return terms[0]["matchFields"][0]["values"][0]
+    except (KeyError, IndexError, TypeError):
+        return None
