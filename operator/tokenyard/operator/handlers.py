@@ -205,6 +205,12 @@ async def run_deployment(
         wake.clear()
         try:
             await reconcile(name, namespace, body, engine_pods.get(key, []), pod_gpus, nodes.get(None, []), logger)
+        except ApiException as e:
+            if e.status == 403 and "being terminated" in str(e.body):
+                logger.info("namespace is being deleted; waiting for the ModelDeployment to go")
+            else:
+                metrics.RECONCILE_ERRORS.labels(namespace, name).inc()
+                logger.exception(f"reconcile failed: {e.status} {e.reason}")
         except Exception as e:  # one bad iteration must not end the loop; the next one starts from the truth
             metrics.RECONCILE_ERRORS.labels(namespace, name).inc()
             logger.exception(f"reconcile failed: {e}")
@@ -261,7 +267,7 @@ async def reconcile(
         await _delete_group(GroupNames(name, namespace, group.revision, group.index), group)
         if group.phase == FAILED or "re-planning" in reason:
             metrics.GROUPS_RECREATED.labels(namespace, name).inc()
-            kopf.warning(body, reason="GroupRecreated", message=f"group {group.index}: {reason}")
+            kopf.warn(body, reason="GroupRecreated", message=f"group {group.index}: {reason}")
         else:
             kopf.info(body, reason="GroupRemoved", message=f"group {group.index} (revision {group.revision}): {reason}")
 
@@ -394,7 +400,7 @@ async def _create_groups(
     if problems:
         message = f"{len(problems)} group(s) cannot be placed: {problems[0]}"
         if RUNTIME.last_capacity_message.get(key) != message:
-            kopf.warning(body, reason="InsufficientCapacity", message=message)
+            kopf.warn(body, reason="InsufficientCapacity", message=message)
             RUNTIME.last_capacity_message[key] = message
         return message
     RUNTIME.last_capacity_message.pop(key, None)
