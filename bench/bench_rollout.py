@@ -1,0 +1,296 @@
+"""Rollout analysis benchmark: tokenyard's sequential test against fixed-threshold rules.
+
+Thousands of simulated canary analyses, seeded. Each request fails independently (Bernoulli) with the
+stable revision's error ratio or the canary's; the analysis looks at the counts every 30 s of traffic
+(``REQUESTS_PER_LOOK`` requests, ``CANARY_SHARE`` of them to the canary) for up to ``LOOKS`` looks. Rules:
+
+* ``tokenyard``: ``tokenyard.operator.analysis.compare_proportions`` on the cumulative counts of both
+  revisions at every look; rollback on FAIL.
+* ``argo_failure_limit``: Argo Rollouts' AnalysisRun style: each interval measures the canary's error
+  ratio over that interval; a measurement fails above a fixed threshold; the analysis fails once the failed
+  measurements exceed ``failureLimit`` (Argo docs, "Analysis": failureLimit).
+* ``flagger_threshold``: Flagger's style: every interval checks the canary's error ratio over the metric
+  window (a 1 m query, checked every 30 s, so consecutive windows overlap) against a maximum; the canary
+  is rolled back when the failed checks reach ``threshold`` (Flagger docs, "Canary analysis": threshold).
+
+Every rule sees the very same simulated rollouts. Populations: A/A (canary == stable, 1% errors), a
+canary with 1.5× and 2× the error ratio, and an A/A rollout on a day when both revisions fail 1.5% of
+requests ("baseline shifted": the fixed thresholds were chosen for 1%). Figures: the false-rollback rate
+(A/A rollouts rolled back within the hour), and the median number of canary requests served before a bad
+canary is rolled back (None when fewer than half are caught within the hour), with the share caught.
+
+The threshold rules are measured at a typical setting (threshold twice the usual error ratio, Argo
+failureLimit 3, Flagger threshold 5), and at the settings from a grid (threshold, failed checks, query
+window) that catch the 1.5× and the 2× canary soonest while their A/A false-rollback rate is at most
+tokenyard's. That tuning is done per bad canary, on the same rollouts and with the true baseline known:
+all of it favours the threshold rules.
+
+Run: ``make bench-rollout`` (or ``BENCH_QUICK=1 python bench/bench_rollout.py`` for a shorter run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+
+from tokenyard.operator.analysis import AnalysisSettings, Decision, ProportionCounts, compare_proportions
+
+QUICK = os.environ.get("BENCH_QUICK") == "1"
+SEED = 20261202
+ROLLOUTS = 1000 if QUICK else 4000  # per population
+TUNE_ROLLOUTS = 1000
+TUNE_WINDOWS_LOOKS = (1, 2, 4, 10)  # metric query windows of 30 s, 1 m, 2 m, 5 m
+LOOK_SECONDS = 30
+LOOKS = 120  # one hour of 30 s looks
+REQUESTS_PER_LOOK = 600  # 20 requests/s over 30 s
+CANARY_SHARE = 0.2
+BASE_ERROR_RATIO = 0.01
+ALPHA = 0.05
+# (stable error ratio, canary error ratio) per population. "aa_shifted" is an A/A rollout on a day when the
+# error ratio of both revisions is 1.5× the usual (load, a flaky upstream): the thresholds were set for 1%.
+POPULATIONS = {
+    "aa": (BASE_ERROR_RATIO, BASE_ERROR_RATIO),
+    "1_5x": (BASE_ERROR_RATIO, 1.5 * BASE_ERROR_RATIO),
+    "2x": (BASE_ERROR_RATIO, 2.0 * BASE_ERROR_RATIO),
+    "aa_shifted": (1.5 * BASE_ERROR_RATIO, 1.5 * BASE_ERROR_RATIO),
+}
+
+CANARY_PER_LOOK = round(REQUESTS_PER_LOOK * CANARY_SHARE)
+STABLE_PER_LOOK = REQUESTS_PER_LOOK - CANARY_PER_LOOK
+FLAGGER_WINDOW_LOOKS = 2  # Flagger metric interval 1 m, analysis interval 30 s
+
+
+def binomial(rng: random.Random, n: int, p: float) -> int:
+    """Failures among n Bernoulli(p) requests, drawn exactly by skipping geometric gaps (O(n·p) work)."""
+    if p <= 0.0:
+        return 0
+    log_q = math.log1p(-p)
+    count, position = 0, 0
+    while True:
+        position += int(math.log(1.0 - rng.random()) / log_q) + 1
+        if position > n:
+            return count
+        count += 1
+
+
+@dataclass
+class Rollout:
+    canary_failures: list[int]  # per look
+    stable_failures: list[int]
+
+
+def simulate(population_seed: int, p_stable: float, p_canary: float) -> list[Rollout]:
+    rng = random.Random(population_seed)
+    return [
+        Rollout(
+            [binomial(rng, CANARY_PER_LOOK, p_canary) for _ in range(LOOKS)],
+            [binomial(rng, STABLE_PER_LOOK, p_stable) for _ in range(LOOKS)],
+        )
+        for _ in range(ROLLOUTS)
+    ]
+
+
+# --- the rules: each returns the look (1-based) at which it rolls back, or None ----------------------
+
+
+def tokenyard_rollback_look(rollout: Rollout, settings: AnalysisSettings) -> int | None:
+    f_c = f_s = 0
+    for look in range(LOOKS):
+        f_c += rollout.canary_failures[look]
+        f_s += rollout.stable_failures[look]
+        n = look + 1
+        verdict = compare_proportions(
+            "errors",
+            ProportionCounts(n * CANARY_PER_LOOK, f_c),
+            ProportionCounts(n * STABLE_PER_LOOK, f_s),
+            settings,
+        )
+        if verdict.decision is Decision.FAIL:
+            return n
+    return None
+
+
+def failing_looks(rollout: Rollout, max_error_ratio: float, window_looks: int) -> list[int]:
+    """The looks whose canary error ratio over the last ``window_looks`` intervals exceeds the maximum."""
+    looks, window = [], 0
+    for look in range(LOOKS):
+        window += rollout.canary_failures[look]
+        if look >= window_looks:
+            window -= rollout.canary_failures[look - window_looks]
+        requests = min(look + 1, window_looks) * CANARY_PER_LOOK
+        if window / requests > max_error_ratio:
+            looks.append(look + 1)
+    return looks
+
+
+def threshold_rollback_look(failures: list[int], failures_to_roll_back: int) -> int | None:
+    return failures[failures_to_roll_back - 1] if len(failures) >= failures_to_roll_back else None
+
+
+@dataclass
+class ThresholdRule:
+    name: str
+    window_looks: int
+    # Argo aborts when failed measurements exceed failureLimit (so failureLimit+1 failures); Flagger rolls
+    # back when failed checks reach threshold.
+    failures_for_parameter: int  # failures_to_roll_back = parameter + this offset
+    parameter_name: str
+    typical_parameter: int
+
+
+ARGO = ThresholdRule("argo_failure_limit", 1, 1, "failureLimit", 3)
+FLAGGER = ThresholdRule("flagger_threshold", FLAGGER_WINDOW_LOOKS, 0, "threshold", 5)
+
+
+# --- figures -------------------------------------------------------------------------------------------
+
+
+def summarise(looks_by_population: dict[str, list[int | None]]) -> dict:
+    """False-rollback rate (A/A) and canary requests to detection (1.5×, 2×)."""
+
+    def rolled_back(key: str) -> float:
+        looks = looks_by_population[key]
+        return round(sum(x is not None for x in looks) / len(looks), 4)
+
+    figures: dict = {
+        "false_rollback_rate": rolled_back("aa"),
+        "false_rollback_rate_baseline_shifted": rolled_back("aa_shifted"),
+    }
+    for key in ("1_5x", "2x"):
+        looks = looks_by_population[key]
+        caught = sorted(x for x in looks if x is not None)
+        median = None
+        if len(caught) * 2 >= len(looks):
+            # the median over all rollouts, the undetected ones counted as never
+            ordered = caught + [math.inf] * (len(looks) - len(caught))
+            median_look = statistics.median_low(ordered)
+            median = None if math.isinf(median_look) else median_look * CANARY_PER_LOOK
+        figures[f"detect_requests_{key}"] = median
+        figures[f"detect_rate_{key}"] = round(len(caught) / len(looks), 4)
+    return figures
+
+
+def threshold_figures(
+    populations: dict[str, list[Rollout]], rule: ThresholdRule, max_error_ratio: float, failures: int
+) -> dict:
+    looks = {
+        key: [
+            threshold_rollback_look(failing_looks(r, max_error_ratio, rule.window_looks), failures)
+            for r in rollouts
+        ]
+        for key, rollouts in populations.items()
+    }
+    figures = summarise(looks)
+    figures["max_error_ratio"] = max_error_ratio
+    figures[rule.parameter_name] = failures - rule.failures_for_parameter
+    figures["window_s"] = rule.window_looks * LOOK_SECONDS
+    return figures
+
+
+def tune(populations: dict[str, list[Rollout]], target_false_rollback_rate: float) -> dict[str, tuple]:
+    """For each bad canary ("1_5x", "2x"): the grid setting (window, threshold, failed checks) that
+    catches it soonest while its A/A false-rollback rate stays at or below the target.
+
+    The grid spans the error-ratio threshold, the number of failed checks and the length of the metric's
+    query window (the PromQL range, a knob both tools expose), and each bad canary gets its own best
+    setting, so the threshold rules get every chance. Both rules count failed checks the same way, so one
+    grid serves both. It is searched on the first TUNE_ROLLOUTS rollouts of each population, then
+    measured on all of them.
+    """
+    thresholds = [round(BASE_ERROR_RATIO * k / 4, 5) for k in range(4, 17)]  # 1× … 4× the baseline
+    subset = {key: populations[key][:TUNE_ROLLOUTS] for key in ("aa", "1_5x", "2x")}
+    best: dict[str, tuple] = {}
+    for window in TUNE_WINDOWS_LOOKS:
+        for th in thresholds:
+            failing = {key: [failing_looks(r, th, window) for r in rs] for key, rs in subset.items()}
+
+            def rate(key: str, m: int, failing=failing) -> float:
+                return sum(len(f) >= m for f in failing[key]) / len(failing[key])
+
+            def median_look(key: str, m: int, failing=failing) -> float:
+                return statistics.median_low([f[m - 1] if len(f) >= m else math.inf for f in failing[key]])
+
+            # the fewest failed checks that keep A/A under the target is the fastest for this threshold
+            m = next((m for m in range(1, LOOKS + 1) if rate("aa", m) <= target_false_rollback_rate), None)
+            if m is None:
+                continue
+            for objective, other in (("2x", "1_5x"), ("1_5x", "2x")):
+                score = (median_look(objective, m), median_look(other, m), -rate("aa", m))
+                if objective not in best or score < best[objective][0]:
+                    best[objective] = (score, window, th, m)
+    if len(best) < 2:
+        raise RuntimeError(
+            f"no threshold setting reaches a false-rollback rate of {target_false_rollback_rate}"
+        )
+    return {objective: setting[1:] for objective, setting in best.items()}
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "never"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def main() -> int:
+    started = time.perf_counter()
+    populations = {key: simulate(SEED + i, *rates) for i, (key, rates) in enumerate(POPULATIONS.items())}
+    settings = AnalysisSettings(alpha=ALPHA, min_requests=200)  # the defaults otherwise
+
+    tokenyard = summarise(
+        {key: [tokenyard_rollback_look(r, settings) for r in rs] for key, rs in populations.items()}
+    )
+    typical_threshold = 2 * BASE_ERROR_RATIO
+    rows = [(f"tokenyard (mSPRT, α={ALPHA:.2f})", tokenyard)]
+    results: dict = {"alpha": ALPHA, "tokenyard": tokenyard}
+    tuned_settings = tune(populations, tokenyard["false_rollback_rate"])
+    for rule in (ARGO, FLAGGER):
+        typical = threshold_figures(
+            populations, rule, typical_threshold, rule.typical_parameter + rule.failures_for_parameter
+        )
+        results[rule.name] = typical
+        rows.append((f"{rule.name} typical", typical))
+        for objective, (window, th, m) in tuned_settings.items():
+            tuned = threshold_figures(populations, replace(rule, window_looks=window), th, m)
+            results[rule.name][f"tuned_for_{objective}_at_same_false_rollback_rate"] = tuned
+            rows.append((f"{rule.name} tuned {objective.replace('_', '.')}", tuned))
+
+    print(
+        f"rollout analysis: {ROLLOUTS} rollouts per population, {LOOKS} looks of {REQUESTS_PER_LOOK} requests "
+        f"({CANARY_PER_LOOK} to the canary), baseline error ratio {BASE_ERROR_RATIO:.1%}, seed {SEED}"
+    )
+    header = (
+        f"{'rule':32} {'setting':38} {'false rb':>9} {'1.5x req':>9} {'caught':>7} {'2x req':>8} "
+        f"{'caught':>7} {'false rb, base 1.5%':>20}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, f in rows:
+        if "max_error_ratio" in f:
+            parameter = "failureLimit" if "failureLimit" in f else "threshold"
+            setting = f"err>{f['max_error_ratio']:.2%} over {f['window_s']}s, {parameter}={f[parameter]}"
+        else:
+            setting = f"margin ×1, min {settings.min_requests} req"
+        print(
+            f"{name:32} {setting:38} {fmt(f['false_rollback_rate']):>9} {fmt(f['detect_requests_1_5x']):>9} "
+            f"{fmt(f['detect_rate_1_5x']):>7} {fmt(f['detect_requests_2x']):>8} {fmt(f['detect_rate_2x']):>7} "
+            f"{fmt(f['false_rollback_rate_baseline_shifted']):>20}"
+        )
+    print(
+        "req = median canary requests served before the rollback (the canary gets 20% of 20 requests/s);\n"
+        "caught = share of bad canaries rolled back within the hour; false rb = A/A rollouts rolled back."
+    )
+    print(f"elapsed {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    print(json.dumps({"bench": "rollout", "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

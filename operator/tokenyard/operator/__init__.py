@@ -1,0 +1,1 @@
+"""The tokenyard operator: reconciles ModelDeployments into replica groups, revisions and rollouts."""

@@ -1,0 +1,561 @@
+"""Rollout analysis: is the canary worse than the stable revision? (a pure core)
+
+A canary is judged many times while it runs (every 30 s or so). A fixed threshold checked at every look is
+a test repeated many times, and its false-alarm rate grows with the number of looks: a healthy release is
+rolled back by chance sooner or later. This module uses tests whose error rate holds however often they are
+evaluated, so the operator may look as often as it likes:
+
+* Two revisions compared over the same time (error ratio, share of requests over a TTFT SLO, mean
+  inter-token latency): a one-sided *mixture sequential probability ratio test* (mSPRT) on the normal
+  approximation of the difference, after Johari, Pekelis & Walsh, "Always valid inference: continuous
+  monitoring of A/B tests" (2017, Operations Research 2022), section 4. Mixing the likelihood ratio over a
+  half-normal prior on the effect gives a nonnegative supermartingale under the null hypothesis, so by
+  Ville's inequality P(statistic ever ≥ 1/α) ≤ α, at any number of looks. The guarantee is as good as
+  the normal approximation of the counts (Johari et al. prove it asymptotically); ``min_requests`` keeps
+  the counts where it holds, and the unit tests and ``bench/bench_rollout.py`` check the false-alarm rate
+  by simulation (A/A: 1-4% at α = 5% over 60-240 looks, error ratios from 0.1% to 20%).
+* Shadow traffic (the very same requests sent to both): the pairs where exactly one revision failed
+  (McNemar's discordant pairs) and, for greedy decoding, the pairs whose outputs differ. These are exact
+  binomial sequential tests (a mixture of likelihood ratios over a fixed grid of alternatives), with no
+  normal approximation at all.
+
+The margin says how much worse the canary may be before it counts as worse: the null hypothesis of the
+failure test is ``canary ≤ relative × stable + absolute``.
+
+How verdicts are reached (the rule, in one place):
+
+* ``FAIL``: the test of "the canary is worse than the margin allows" fires (statistic ≥ log(1/α)).
+* ``PASS``: either the mirror test fires early ("the canary is within the margin", also at level α), or the
+  analysis window has ended (``final=True``), both revisions have at least ``min_requests`` and the failure
+  test has not fired. Either way the chance that a canary no worse than the margin is failed stays at most
+  α (the false-rollback rate): PASS adds no way to fail, and the early PASS only shortens good rollouts
+  (a canary truly worse than the margin passes early with probability at most α as well).
+* ``PENDING``: the data are sound but nothing is decided yet and the window is still open: keep going.
+* ``INCONCLUSIVE``: the analysis cannot judge: a metric is missing, negative or not a number, the counts
+  contradict each other, or the window ended with too few requests. The rollout pauses with the reason; it neither
+  rolls back nor promotes.
+
+Several metrics share α (Bonferroni): each is tested at α/k, so the rollout's false-rollback rate stays at
+most α whichever metric would fire.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+_SQRT2 = math.sqrt(2.0)
+
+__all__ = [
+    "AnalysisResult",
+    "AnalysisSettings",
+    "Decision",
+    "Margin",
+    "MeanSample",
+    "MetricInput",
+    "MetricVerdict",
+    "PairedCounts",
+    "ProportionCounts",
+    "binomial_mixture_log_lr",
+    "combine",
+    "compare_means",
+    "compare_paired",
+    "compare_proportions",
+    "evaluate",
+    "gaussian_mixture_log_lr",
+]
+
+
+class Decision(enum.StrEnum):
+    PASS = "Pass"
+    FAIL = "Fail"
+    PENDING = "Pending"
+    INCONCLUSIVE = "Inconclusive"
+
+
+@dataclass(frozen=True)
+class Margin:
+    """Tolerated degradation: the canary counts as worse only above ``relative × stable + absolute``."""
+
+    relative: float = 1.0
+    absolute: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.relative) and self.relative > 0):
+            raise ValueError(f"margin.relative must be a finite number > 0, got {self.relative!r}")
+        if not (math.isfinite(self.absolute) and self.absolute >= 0):
+            raise ValueError(f"margin.absolute must be a finite number ≥ 0, got {self.absolute!r}")
+
+    def describe(self, percent: bool) -> str:
+        absolute = f"{self.absolute:.2%}" if percent else f"{self.absolute:.4g}"
+        return f"margin ×{self.relative:g} +{absolute}"
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """How strict the analysis is.
+
+    ``alpha`` is the false-rollback rate: the chance that a canary which is no worse than the margin is
+    rolled back, over the whole analysis, however often it is evaluated. ``min_requests`` is the least
+    number of requests per revision before any verdict. ``effect_of_interest`` sets the width of the
+    mixture over alternatives, relative to the stable revision's level (0.75: between the 1.5× and 2×
+    degradations worth catching); the test is valid for any value and fastest for degradations near
+    this size (Johari et al. §4.3). Its false-alarm guarantee does not depend on it.
+    """
+
+    alpha: float = 0.05
+    margin: Margin = field(default_factory=Margin)
+    min_requests: int = 200
+    effect_of_interest: float = 0.75
+
+    def __post_init__(self) -> None:
+        if not (0 < self.alpha < 1):
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha!r}")
+        if self.min_requests < 1:
+            raise ValueError(f"min_requests must be ≥ 1, got {self.min_requests!r}")
+        if not (math.isfinite(self.effect_of_interest) and self.effect_of_interest > 0):
+            raise ValueError(
+                f"effect_of_interest must be a finite number > 0, got {self.effect_of_interest!r}"
+            )
+
+    @property
+    def threshold(self) -> float:
+        """log(1/α): the level the log-likelihood ratio must reach."""
+        return math.log(1.0 / self.alpha)
+
+    def with_alpha(self, alpha: float) -> AnalysisSettings:
+        return AnalysisSettings(alpha, self.margin, self.min_requests, self.effect_of_interest)
+
+
+# --- inputs --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProportionCounts:
+    """Cumulative counts of one revision over the analysis window: requests and the bad ones among them
+    (failures, or requests over the TTFT SLO). ``None`` means the metric could not be read."""
+
+    requests: float | None
+    events: float | None
+
+
+@dataclass(frozen=True)
+class MeanSample:
+    """A latency metric of one revision over the window: number of observations, their mean and variance
+    (from a histogram's count and sum, the variance estimated from its buckets)."""
+
+    count: float | None
+    mean: float | None
+    variance: float | None
+
+
+@dataclass(frozen=True)
+class PairedCounts:
+    """Shadow traffic: the same requests answered by both revisions.
+
+    ``canary_only_failures``: pairs where the canary (shadow) failed and the stable one did not;
+    ``stable_only_failures``: the reverse; ``both_succeeded``: pairs where both answered, of which
+    ``outputs_differ`` gave different outputs (meaningful for greedy decoding only, else ``None``).
+    """
+
+    pairs: float | None
+    canary_only_failures: float | None
+    stable_only_failures: float | None
+    both_succeeded: float | None = None
+    outputs_differ: float | None = None
+
+
+# --- outputs -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    metric: str
+    decision: Decision
+    statistic: float | None  # log-likelihood ratio of "canary worse than the margin allows"
+    threshold: float  # log(1/α) at the level this metric was tested
+    reason: str
+    canary: dict[str, float] = field(default_factory=dict)
+    stable: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """The status form (JSON-safe: an infinite statistic is written as a large number)."""
+        statistic = None if self.statistic is None else _finite(self.statistic)
+        return {
+            "metric": self.metric,
+            "decision": str(self.decision),
+            "statistic": statistic,
+            "threshold": round(self.threshold, 4),
+            "reason": self.reason,
+            "canary": dict(self.canary),
+            "stable": dict(self.stable),
+        }
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    decision: Decision
+    reason: str
+    metrics: tuple[MetricVerdict, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "decision": str(self.decision),
+            "reason": self.reason,
+            "metrics": [m.to_dict() for m in self.metrics],
+        }
+
+
+def _finite(x: float) -> float:
+    if math.isnan(x):
+        return 0.0
+    return round(max(-1e9, min(1e9, x)), 4)
+
+
+# --- the statistics ------------------------------------------------------------------------------------
+
+
+def gaussian_mixture_log_lr(estimate: float, variance: float, mixture_sd: float) -> float:
+    """log Λ of the one-sided Gaussian mixture SPRT for H0: θ ≤ 0 against θ > 0.
+
+    ``estimate`` ~ N(θ, variance) is the cumulative estimate of θ; the alternatives θ > 0 are mixed with a
+    half-normal prior of scale ``mixture_sd``. Integrating the Gaussian likelihood ratio over that prior
+    (the closed form of Johari et al. eq. (11), restricted to one side) gives
+
+        Λ = 2 Φ(θ̂ τ / (σ √(σ²+τ²))) · √(σ²/(σ²+τ²)) · exp(τ² θ̂² / (2 σ² (σ²+τ²)))
+
+    which is 1 before any data, small while θ̂ ≤ 0, and grows without bound when θ > 0.
+    """
+    if variance <= 0 or mixture_sd <= 0:
+        raise ValueError(f"variance and mixture_sd must be > 0, got {variance!r}, {mixture_sd!r}")
+    tau2 = mixture_sd * mixture_sd
+    total = variance + tau2
+    sigma = math.sqrt(variance)
+    z = estimate * mixture_sd / (sigma * math.sqrt(total))
+    two_phi = math.erfc(-z / _SQRT2)  # 2 Φ(z)
+    if two_phi <= 0.0:
+        return -math.inf
+    return (
+        math.log(two_phi)
+        + 0.5 * math.log(variance / total)
+        + tau2 * estimate * estimate / (2.0 * variance * total)
+    )
+
+
+# A fixed grid of alternatives for the exact binomial test, in log-odds above the null, equally weighted.
+# The grid is geometric, so small (likely) degradations are covered as densely as large ones.
+_LOG_ODDS_SHIFTS = tuple(0.05 * 1.25**k for k in range(20))  # 0.05 … ≈ 3.5 in log-odds
+_SHIFT_LOG_WEIGHTS = tuple(math.log(1.0 / len(_LOG_ODDS_SHIFTS)) for _ in _LOG_ODDS_SHIFTS)
+
+
+def binomial_mixture_log_lr(successes: float, trials: float, null_probability: float) -> float:
+    """log Λ of an exact one-sided sequential binomial test, H0: p ≤ p0 against p > p0.
+
+    Λ is a weighted mixture, over a fixed grid of alternatives p1 > p0, of the likelihood ratios
+    (p1/p0)^k ((1-p1)/(1-p0))^(n-k). Each of these is a nonnegative martingale under p = p0 (a
+    supermartingale under p < p0), so their mixture is too, and Ville's inequality bounds the false-alarm
+    rate by α at any number of looks. No normal approximation: valid from the first observation.
+    """
+    if not (0.0 < null_probability < 1.0):
+        raise ValueError(f"null_probability must be in (0, 1), got {null_probability!r}")
+    if trials <= 0:
+        return 0.0
+    failures = trials - successes
+    null_logit = math.log(null_probability / (1.0 - null_probability))
+    log_p0, log_q0 = math.log(null_probability), math.log1p(-null_probability)
+    terms = []
+    for shift, log_weight in zip(_LOG_ODDS_SHIFTS, _SHIFT_LOG_WEIGHTS, strict=True):
+        logit = null_logit + shift
+        log_p1 = -math.log1p(math.exp(-logit))
+        log_q1 = -math.log1p(math.exp(logit))
+        terms.append(log_weight + successes * (log_p1 - log_p0) + failures * (log_q1 - log_q0))
+    top = max(terms)
+    return top + math.log(sum(math.exp(t - top) for t in terms))
+
+
+# --- comparisons of two revisions over the same time ----------------------------------------------------
+
+
+def _bad_number(*values: float | None) -> bool:
+    return any(v is None or not math.isfinite(v) or v < 0 for v in values)
+
+
+def _verdict_from_tests(
+    *,
+    metric: str,
+    worse_log_lr: float,
+    within_log_lr: float,
+    settings: AnalysisSettings,
+    final: bool,
+    comparison: str,
+    canary: dict[str, float],
+    stable: dict[str, float],
+) -> MetricVerdict:
+    """The one decision rule shared by every comparison (see the module docstring)."""
+    threshold = settings.threshold
+    bound = f"log(1/α)={threshold:.2f}"
+    comparison = f"{metric}: {comparison}"
+    if worse_log_lr >= threshold:
+        decision = Decision.FAIL
+        reason = f"{comparison}: canary worse, log-likelihood ratio {worse_log_lr:.2f} ≥ {bound}"
+    elif within_log_lr >= threshold:
+        decision = Decision.PASS
+        reason = f"{comparison}: canary within the margin, log-likelihood ratio {within_log_lr:.2f} ≥ {bound}"
+    elif final:
+        decision = Decision.PASS
+        reason = f"{comparison}: not worse by the end of the window, log-likelihood ratio {worse_log_lr:.2f} < {bound}"
+    else:
+        decision = Decision.PENDING
+        reason = f"{comparison}: undecided, log-likelihood ratio {worse_log_lr:.2f} < {bound}"
+    return MetricVerdict(metric, decision, worse_log_lr, threshold, reason, canary, stable)
+
+
+def _too_little(
+    metric: str, n_canary: float, n_stable: float, settings: AnalysisSettings, final: bool
+) -> MetricVerdict | None:
+    """PENDING (window open) or INCONCLUSIVE (window over) while a revision has < min_requests."""
+    if min(n_canary, n_stable) >= settings.min_requests:
+        return None
+    reason = (
+        f"{metric}: {n_canary:.0f} canary and {n_stable:.0f} stable requests, "
+        f"fewer than the {settings.min_requests} needed per revision"
+    )
+    decision = Decision.INCONCLUSIVE if final else Decision.PENDING
+    counts = ({"requests": n_canary}, {"requests": n_stable})
+    return MetricVerdict(metric, decision, None, settings.threshold, reason, *counts)
+
+
+def compare_proportions(
+    metric: str,
+    canary: ProportionCounts,
+    stable: ProportionCounts,
+    settings: AnalysisSettings,
+    *,
+    final: bool = False,
+    label: str = "error ratio",
+) -> MetricVerdict:
+    """Is the canary's share of bad requests above ``relative × stable's + absolute``?
+
+    θ = p_c − (r·p_s + a) is estimated by p̂_c − r·p̂_s − a. Its variance is taken at the null boundary
+    θ = 0 (the rates re-estimated under that constraint, as a score test does) rather than at the raw
+    estimates: with few events the raw estimate of a small rate is often 0, and a variance of 0 would make
+    a single failure look decisive.
+    """
+    if _bad_number(canary.requests, canary.events, stable.requests, stable.events):
+        reason = f"{metric}: a count is missing or not a number (canary {canary}, stable {stable})"
+        return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+    n_c, f_c, n_s, f_s = canary.requests, canary.events, stable.requests, stable.events
+    if f_c > n_c or f_s > n_s:
+        reason = f"{metric}: more bad requests than requests (canary {f_c:g}/{n_c:g}, stable {f_s:g}/{n_s:g})"
+        return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+    too_little = _too_little(metric, n_c, n_s, settings, final)
+    if too_little is not None:
+        return too_little
+
+    rel, abs_ = settings.margin.relative, settings.margin.absolute
+    p_c, p_s = f_c / n_c, f_s / n_s
+    estimate = p_c - rel * p_s - abs_
+    # Rates under the null boundary p_c = r·p_s + a, matching the total number of bad requests; floored
+    # at half an event so that "no failures yet" still has a little variance.
+    floor = 0.5 / (n_c + n_s)
+    p_s0 = min(1.0 - floor, max(floor, (f_c + f_s - n_c * abs_) / (n_c * rel + n_s)))
+    p_c0 = min(1.0 - floor, max(floor, rel * p_s0 + abs_))
+    variance = p_c0 * (1 - p_c0) / n_c + rel * rel * p_s0 * (1 - p_s0) / n_s
+    mixture_sd = settings.effect_of_interest * max(p_s0, floor)
+    worse = gaussian_mixture_log_lr(estimate, variance, mixture_sd)
+    within = gaussian_mixture_log_lr(-estimate, variance, mixture_sd)
+    comparison = (
+        f"canary {label} {p_c:.2%} ({f_c:.0f}/{n_c:.0f}) vs stable {p_s:.2%} ({f_s:.0f}/{n_s:.0f}), "
+        f"{settings.margin.describe(percent=True)}"
+    )
+    return _verdict_from_tests(
+        metric=metric,
+        worse_log_lr=worse,
+        within_log_lr=within,
+        settings=settings,
+        final=final,
+        comparison=comparison,
+        canary={"requests": n_c, "events": f_c, "ratio": p_c},
+        stable={"requests": n_s, "events": f_s, "ratio": p_s},
+    )
+
+
+def compare_means(
+    metric: str,
+    canary: MeanSample,
+    stable: MeanSample,
+    settings: AnalysisSettings,
+    *,
+    final: bool = False,
+    unit: str = "s",
+) -> MetricVerdict:
+    """Is the canary's mean (e.g. inter-token latency) above ``relative × stable's + absolute``?
+
+    The same one-sided mixture test on μ_c − r·μ_s − a with the plug-in variance v_c/n_c + r²·v_s/n_s;
+    ``min_requests`` keeps the normal approximation in the range where it holds.
+    """
+    values = (canary.count, canary.mean, canary.variance, stable.count, stable.mean, stable.variance)
+    if _bad_number(*values):
+        reason = f"{metric}: a value is missing or not a number (canary {canary}, stable {stable})"
+        return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+    too_little = _too_little(metric, canary.count, stable.count, settings, final)
+    if too_little is not None:
+        return too_little
+
+    rel, abs_ = settings.margin.relative, settings.margin.absolute
+    estimate = canary.mean - rel * stable.mean - abs_
+    variance = canary.variance / canary.count + rel * rel * stable.variance / stable.count
+    scale = max(stable.mean, math.sqrt(stable.variance), 1e-12)
+    variance = max(variance, (1e-9 * scale) ** 2)  # identical constant samples: keep the ratio finite
+    mixture_sd = settings.effect_of_interest * scale
+    worse = gaussian_mixture_log_lr(estimate, variance, mixture_sd)
+    within = gaussian_mixture_log_lr(-estimate, variance, mixture_sd)
+    comparison = (
+        f"canary mean {canary.mean:.4g}{unit} (n={canary.count:.0f}) vs stable {stable.mean:.4g}{unit} "
+        f"(n={stable.count:.0f}), {settings.margin.describe(percent=False)}"
+    )
+    return _verdict_from_tests(
+        metric=metric,
+        worse_log_lr=worse,
+        within_log_lr=within,
+        settings=settings,
+        final=final,
+        comparison=comparison,
+        canary={"count": canary.count, "mean": canary.mean},
+        stable={"count": stable.count, "mean": stable.mean},
+    )
+
+
+def compare_paired(
+    metric: str,
+    counts: PairedCounts,
+    settings: AnalysisSettings,
+    *,
+    final: bool = False,
+    tolerated_disagreement: float = 0.02,
+) -> MetricVerdict:
+    """Shadow traffic: the same requests answered by both revisions.
+
+    Errors (McNemar): only the discordant pairs carry information. Under "the canary fails no more often
+    than ``relative`` times the stable one", a discordant pair is a canary-only failure with probability
+    at most q0 = r / (1 + r) (r = margin.relative; 1/2 with no margin), so the number of canary-only
+    failures among the discordant pairs is tested with the exact sequential binomial test.
+    (margin.absolute does not apply to paired errors.)
+
+    Outputs (greedy decoding): among pairs where both succeeded, the share that differ is tested against
+    ``tolerated_disagreement`` the same way (batching makes greedy outputs differ a little even between
+    identical revisions). Each of the two tests gets α/2 when both are present.
+
+    PASS needs the window to end (final) with ``min_requests`` pairs: there is no early PASS here.
+    """
+    if _bad_number(counts.pairs, counts.canary_only_failures, counts.stable_only_failures):
+        reason = f"{metric}: a paired count is missing or not a number ({counts})"
+        return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+    pairs, c_only, s_only = counts.pairs, counts.canary_only_failures, counts.stable_only_failures
+    if c_only + s_only > pairs:
+        reason = f"{metric}: more discordant pairs ({c_only + s_only:g}) than pairs ({pairs:g})"
+        return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+    check_outputs = counts.both_succeeded is not None or counts.outputs_differ is not None
+    if check_outputs:
+        if (
+            _bad_number(counts.both_succeeded, counts.outputs_differ)
+            or counts.outputs_differ > counts.both_succeeded
+        ):
+            reason = f"{metric}: output agreement counts are missing or inconsistent ({counts})"
+            return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+        if not (0.0 < tolerated_disagreement < 1.0):
+            raise ValueError(f"tolerated_disagreement must be in (0, 1), got {tolerated_disagreement!r}")
+    too_little = _too_little(metric, pairs, pairs, settings, final)
+    if too_little is not None:
+        return too_little
+
+    alpha = settings.alpha / 2 if check_outputs else settings.alpha
+    threshold = math.log(1.0 / alpha)
+    q0 = settings.margin.relative / (1.0 + settings.margin.relative)
+    errors_llr = binomial_mixture_log_lr(c_only, c_only + s_only, q0)
+    parts = [f"discordant pairs: canary-only failures {c_only:.0f}, stable-only {s_only:.0f}"]
+    statistic, failed = errors_llr, errors_llr >= threshold
+    canary_counts = {"pairs": pairs, "only_failures": c_only}
+    if check_outputs:
+        outputs_llr = binomial_mixture_log_lr(
+            counts.outputs_differ, counts.both_succeeded, tolerated_disagreement
+        )
+        share = counts.outputs_differ / counts.both_succeeded if counts.both_succeeded else 0.0
+        parts.append(
+            f"outputs differ {share:.2%} of {counts.both_succeeded:.0f} (tolerated {tolerated_disagreement:.0%})"
+        )
+        statistic = max(errors_llr, outputs_llr)
+        failed = failed or outputs_llr >= threshold
+        canary_counts["outputs_differ"] = counts.outputs_differ
+    bound = f"log(1/α)={threshold:.2f}"
+    comparison = f"{metric}: " + "; ".join(parts)
+    if failed:
+        decision = Decision.FAIL
+        reason = f"{comparison}: canary worse, log-likelihood ratio {statistic:.2f} ≥ {bound}"
+    elif final:
+        decision = Decision.PASS
+        reason = f"{comparison}: not worse by the end of the window, log-likelihood ratio {statistic:.2f} < {bound}"
+    else:
+        decision = Decision.PENDING
+        reason = f"{comparison}: undecided, log-likelihood ratio {statistic:.2f} < {bound}"
+    return MetricVerdict(
+        metric, decision, statistic, threshold, reason, canary_counts, {"only_failures": s_only}
+    )
+
+
+# --- several metrics -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricInput:
+    """One metric of an analysis: its name and the measurements of the window.
+
+    ``canary``/``stable`` are ProportionCounts or MeanSample; ``paired`` a PairedCounts (shadow);
+    ``margin`` overrides the settings' margin for this metric.
+    """
+
+    name: str
+    canary: ProportionCounts | MeanSample | None = None
+    stable: ProportionCounts | MeanSample | None = None
+    paired: PairedCounts | None = None
+    margin: Margin | None = None
+    label: str = "error ratio"  # what a proportion is, for the reason: "error ratio", "share over TTFT SLO"
+
+
+def evaluate(metrics: Sequence[MetricInput], settings: AnalysisSettings, *, final: bool) -> AnalysisResult:
+    """Judge every metric at α/k (Bonferroni) and combine the verdicts."""
+    if not metrics:
+        return AnalysisResult(Decision.INCONCLUSIVE, "no metrics to analyse", ())
+    per_metric = settings.with_alpha(settings.alpha / len(metrics))
+    verdicts = []
+    for m in metrics:
+        s = (
+            per_metric
+            if m.margin is None
+            else AnalysisSettings(
+                per_metric.alpha, m.margin, per_metric.min_requests, per_metric.effect_of_interest
+            )
+        )
+        if m.paired is not None:
+            verdicts.append(compare_paired(m.name, m.paired, s, final=final))
+        elif isinstance(m.canary, MeanSample) and isinstance(m.stable, MeanSample):
+            verdicts.append(compare_means(m.name, m.canary, m.stable, s, final=final))
+        elif isinstance(m.canary, ProportionCounts) and isinstance(m.stable, ProportionCounts):
+            verdicts.append(compare_proportions(m.name, m.canary, m.stable, s, final=final, label=m.label))
+        else:
+            reason = f"{m.name}: measurements missing for a revision (canary {m.canary}, stable {m.stable})"
+            verdicts.append(MetricVerdict(m.name, Decision.INCONCLUSIVE, None, s.threshold, reason))
+    return combine(verdicts)
+
+
+def combine(verdicts: Sequence[MetricVerdict]) -> AnalysisResult:
+    """Any FAIL fails; else any INCONCLUSIVE is inconclusive; else any PENDING is pending; else PASS."""
+    if not verdicts:
+        return AnalysisResult(Decision.INCONCLUSIVE, "no metrics to analyse", ())
+    for decision in (Decision.FAIL, Decision.INCONCLUSIVE, Decision.PENDING):
+        hits = [v for v in verdicts if v.decision is decision]
+        if hits:
+            return AnalysisResult(decision, "; ".join(v.reason for v in hits), tuple(verdicts))
+    return AnalysisResult(Decision.PASS, "; ".join(v.reason for v in verdicts), tuple(verdicts))

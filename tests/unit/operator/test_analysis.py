@@ -1,0 +1,323 @@
+"""The rollout analysis core: verdicts, the statistics' invariants, and false-alarm rates by simulation."""
+
+import json
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenyard.operator.analysis import (
+    AnalysisSettings,
+    Decision,
+    Margin,
+    MeanSample,
+    MetricInput,
+    PairedCounts,
+    ProportionCounts,
+    binomial_mixture_log_lr,
+    compare_means,
+    compare_paired,
+    compare_proportions,
+    evaluate,
+    gaussian_mixture_log_lr,
+)
+
+ALPHA = 0.05
+SETTINGS = AnalysisSettings(alpha=ALPHA, min_requests=200)
+
+
+def binomial(rng: random.Random, n: int, p: float) -> int:
+    """Failures among n Bernoulli(p) requests, by skipping geometric gaps between failures (exact)."""
+    log_q = math.log1p(-p)
+    count, position = 0, 0
+    while True:
+        position += int(math.log(1.0 - rng.random()) / log_q) + 1
+        if position > n:
+            return count
+        count += 1
+
+
+# --- verdicts --------------------------------------------------------------------------------------------
+
+
+def test_clearly_worse_canary_fails_with_a_readable_reason():
+    verdict = compare_proportions("errors", ProportionCounts(1000, 41), ProportionCounts(9000, 90), SETTINGS)
+    assert verdict.decision is Decision.FAIL
+    assert verdict.statistic >= verdict.threshold == pytest.approx(math.log(20))
+    assert "4.10%" in verdict.reason and "1.00%" in verdict.reason and "log(1/α)=3.00" in verdict.reason
+
+
+def test_equal_canary_is_pending_while_the_window_runs_and_passes_when_it_ends():
+    canary, stable = ProportionCounts(1000, 10), ProportionCounts(9000, 90)
+    assert compare_proportions("errors", canary, stable, SETTINGS).decision is Decision.PENDING
+    final = compare_proportions("errors", canary, stable, SETTINGS, final=True)
+    assert final.decision is Decision.PASS
+    assert final.statistic < final.threshold
+
+
+def test_canary_well_within_a_relative_margin_passes_early():
+    settings = AnalysisSettings(alpha=ALPHA, margin=Margin(relative=1.5), min_requests=200)
+    verdict = compare_proportions(
+        "errors", ProportionCounts(20000, 200), ProportionCounts(80000, 800), settings
+    )
+    assert verdict.decision is Decision.PASS
+    assert "within the margin" in verdict.reason
+
+
+def test_absolute_margin_tolerates_a_small_degradation():
+    canary, stable = ProportionCounts(20000, 400), ProportionCounts(80000, 800)  # 2.0% vs 1.0%
+    assert compare_proportions("errors", canary, stable, SETTINGS).decision is Decision.FAIL
+    tolerant = AnalysisSettings(alpha=ALPHA, margin=Margin(absolute=0.02), min_requests=200)
+    assert compare_proportions("errors", canary, stable, tolerant).decision is not Decision.FAIL
+
+
+@pytest.mark.parametrize(
+    "canary, stable",
+    [
+        (ProportionCounts(None, None), ProportionCounts(1000, 10)),
+        (ProportionCounts(1000, float("nan")), ProportionCounts(1000, 10)),
+        (ProportionCounts(1000, 10), ProportionCounts(float("inf"), 10)),
+        (ProportionCounts(1000, -1), ProportionCounts(1000, 10)),
+        (ProportionCounts(1000, 1001), ProportionCounts(1000, 10)),  # more failures than requests
+    ],
+)
+def test_missing_or_broken_counts_are_inconclusive_at_once(canary, stable):
+    for final in (False, True):
+        verdict = compare_proportions("errors", canary, stable, SETTINGS, final=final)
+        assert verdict.decision is Decision.INCONCLUSIVE
+        assert verdict.reason.startswith("errors: ")
+
+
+@pytest.mark.parametrize("canary_requests", [0, 50, 199])
+def test_too_little_data_waits_then_is_inconclusive(canary_requests):
+    canary, stable = ProportionCounts(canary_requests, 0), ProportionCounts(10_000, 100)
+    assert compare_proportions("errors", canary, stable, SETTINGS).decision is Decision.PENDING
+    final = compare_proportions("errors", canary, stable, SETTINGS, final=True)
+    assert final.decision is Decision.INCONCLUSIVE
+    assert "fewer than the 200 needed" in final.reason
+
+
+def test_too_little_data_never_fails_even_when_every_request_failed():
+    verdict = compare_proportions("errors", ProportionCounts(100, 100), ProportionCounts(1000, 0), SETTINGS)
+    assert verdict.decision is Decision.PENDING
+
+
+def test_slower_latency_mean_fails_and_equal_passes_at_the_end():
+    stable = MeanSample(count=5000, mean=0.020, variance=0.005**2)
+    slower = MeanSample(count=1000, mean=0.025, variance=0.006**2)
+    assert compare_means("itl", slower, stable, SETTINGS).decision is Decision.FAIL
+    same = MeanSample(count=1000, mean=0.0201, variance=0.005**2)
+    assert compare_means("itl", same, stable, SETTINGS, final=True).decision is Decision.PASS
+    assert (
+        compare_means("itl", MeanSample(1000, None, 1e-6), stable, SETTINGS).decision is Decision.INCONCLUSIVE
+    )
+
+
+def test_identical_constant_latencies_do_not_divide_by_zero():
+    sample = MeanSample(count=1000, mean=0.02, variance=0.0)
+    assert compare_means("itl", sample, sample, SETTINGS, final=True).decision is Decision.PASS
+
+
+def test_shadow_errors_on_discordant_pairs():
+    worse = PairedCounts(pairs=2000, canary_only_failures=40, stable_only_failures=8)
+    assert compare_paired("shadow", worse, SETTINGS).decision is Decision.FAIL
+    even = PairedCounts(pairs=2000, canary_only_failures=12, stable_only_failures=11)
+    assert compare_paired("shadow", even, SETTINGS).decision is Decision.PENDING
+    assert compare_paired("shadow", even, SETTINGS, final=True).decision is Decision.PASS
+
+
+def test_shadow_output_disagreement_beyond_tolerance_fails():
+    counts = PairedCounts(2000, 5, 5, both_succeeded=1990, outputs_differ=200)  # 10% differ
+    verdict = compare_paired("shadow", counts, SETTINGS, tolerated_disagreement=0.02)
+    assert verdict.decision is Decision.FAIL
+    assert "outputs differ 10.05%" in verdict.reason
+    agreeing = PairedCounts(2000, 5, 5, both_succeeded=1990, outputs_differ=20)
+    assert compare_paired("shadow", agreeing, SETTINGS, final=True).decision is Decision.PASS
+
+
+def test_shadow_inconsistent_counts_are_inconclusive():
+    assert compare_paired("s", PairedCounts(10, 8, 8), SETTINGS).decision is Decision.INCONCLUSIVE
+    assert compare_paired("s", PairedCounts(None, 0, 0), SETTINGS).decision is Decision.INCONCLUSIVE
+    broken = PairedCounts(1000, 1, 1, both_succeeded=10, outputs_differ=11)
+    assert compare_paired("s", broken, SETTINGS).decision is Decision.INCONCLUSIVE
+
+
+def test_evaluate_splits_alpha_and_combines():
+    good = MetricInput("errors", ProportionCounts(1000, 10), ProportionCounts(9000, 90))
+    bad = MetricInput("ttft_slo", ProportionCounts(1000, 80), ProportionCounts(9000, 90))
+    missing = MetricInput("itl", MeanSample(1000, 0.02, 1e-6), None)
+    result = evaluate([good, bad], SETTINGS, final=True)
+    assert result.decision is Decision.FAIL
+    assert all(m.threshold == pytest.approx(math.log(2 / ALPHA)) for m in result.metrics)
+    assert "ttft_slo" in result.reason and "errors" not in result.reason
+    assert evaluate([good, missing], SETTINGS, final=True).decision is Decision.INCONCLUSIVE
+    assert evaluate([good], SETTINGS, final=True).decision is Decision.PASS
+    assert evaluate([good], SETTINGS, final=False).decision is Decision.PENDING
+    assert evaluate([], SETTINGS, final=True).decision is Decision.INCONCLUSIVE
+    json.dumps(evaluate([good, bad, missing], SETTINGS, final=True).to_dict())  # the status form
+
+
+def test_a_ttft_slo_share_reads_as_such():
+    metric = MetricInput(
+        "ttft_slo", ProportionCounts(1000, 90), ProportionCounts(9000, 450), label="share over the TTFT SLO"
+    )
+    result = evaluate([metric], SETTINGS, final=False)
+    assert result.decision is Decision.FAIL
+    assert result.reason.startswith(
+        "ttft_slo: canary share over the TTFT SLO 9.00% (90/1000) vs stable 5.00%"
+    )
+
+
+def test_per_metric_margin_overrides_the_default():
+    metric = MetricInput(
+        "errors", ProportionCounts(20000, 400), ProportionCounts(80000, 800), margin=Margin(3.0)
+    )
+    assert evaluate([metric], SETTINGS, final=True).decision is Decision.PASS
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"alpha": 0}, {"alpha": 1.5}, {"min_requests": 0}, {"effect_of_interest": -1}]
+)
+def test_bad_settings_are_rejected_with_the_field_name(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        AnalysisSettings(**kwargs)
+
+
+def test_bad_margins_are_rejected():
+    with pytest.raises(ValueError, match="margin.relative"):
+        Margin(relative=0)
+    with pytest.raises(ValueError, match="margin.absolute"):
+        Margin(absolute=-0.1)
+
+
+# --- the statistics ------------------------------------------------------------------------------------
+
+
+@given(
+    a=st.floats(-1, 1),
+    b=st.floats(-1, 1),
+    variance=st.floats(1e-8, 1),
+    sd=st.floats(1e-4, 1),
+)
+def test_gaussian_mixture_grows_with_the_estimate(a, b, variance, sd):
+    low, high = sorted((a, b))
+    assert gaussian_mixture_log_lr(low, variance, sd) <= gaussian_mixture_log_lr(high, variance, sd) + 1e-9
+
+
+def test_gaussian_mixture_before_any_evidence_is_below_one():
+    assert gaussian_mixture_log_lr(0.0, 1.0, 1.0) == pytest.approx(0.5 * math.log(0.5))
+    with pytest.raises(ValueError, match="variance"):
+        gaussian_mixture_log_lr(0.1, 0.0, 1.0)
+
+
+@given(trials=st.integers(1, 5000), data=st.data(), p0=st.floats(0.01, 0.99))
+def test_binomial_mixture_grows_with_the_successes(trials, data, p0):
+    k = data.draw(st.integers(0, trials - 1))
+    assert binomial_mixture_log_lr(k, trials, p0) <= binomial_mixture_log_lr(k + 1, trials, p0)
+    assert binomial_mixture_log_lr(0, 0, p0) == 0.0
+
+
+@settings(max_examples=200)
+@given(
+    n_c=st.integers(0, 100_000),
+    n_s=st.integers(0, 100_000),
+    data=st.data(),
+    relative=st.floats(0.5, 3),
+    absolute=st.floats(0, 0.1),
+    final=st.booleans(),
+)
+def test_more_canary_failures_never_turn_a_fail_into_a_pass(n_c, n_s, data, relative, absolute, final):
+    f_c = data.draw(st.integers(0, n_c))
+    f_s = data.draw(st.integers(0, n_s))
+    settings_ = AnalysisSettings(alpha=ALPHA, margin=Margin(relative, absolute), min_requests=100)
+    stable = ProportionCounts(n_s, f_s)
+    before = compare_proportions("e", ProportionCounts(n_c, f_c), stable, settings_, final=final)
+    assert before.decision in set(Decision)
+    if f_c < n_c and before.decision is Decision.FAIL:
+        after = compare_proportions("e", ProportionCounts(n_c, f_c + 1), stable, settings_, final=final)
+        assert after.decision is Decision.FAIL
+    json.dumps(before.to_dict())
+
+
+# --- error rates, simulated (fixed seeds) ------------------------------------------------------------------
+
+LOOKS, CANARY_PER_LOOK, STABLE_PER_LOOK = 60, 100, 400
+RUNS = 400
+# A/A at α = 0.05 over 400 runs: the standard error of the rate is about 0.011; the tolerance allows 2 of them.
+TOLERANCE = 0.022
+
+
+def rollback_rate(
+    p_canary: float, p_stable: float, settings_: AnalysisSettings, seed: int, runs: int = RUNS
+) -> float:
+    rng = random.Random(seed)
+    rolled_back = 0
+    for _ in range(runs):
+        f_c = f_s = 0
+        for look in range(1, LOOKS + 1):
+            f_c += binomial(rng, CANARY_PER_LOOK, p_canary)
+            f_s += binomial(rng, STABLE_PER_LOOK, p_stable)
+            canary = ProportionCounts(look * CANARY_PER_LOOK, f_c)
+            stable = ProportionCounts(look * STABLE_PER_LOOK, f_s)
+            if compare_proportions("e", canary, stable, settings_).decision is Decision.FAIL:
+                rolled_back += 1
+                break
+    return rolled_back / runs
+
+
+def test_a_a_rollouts_stay_under_alpha_however_often_they_are_checked():
+    assert rollback_rate(0.02, 0.02, SETTINGS, seed=1) <= ALPHA + TOLERANCE
+
+
+def test_canary_exactly_at_the_margin_stays_under_alpha():
+    at_margin = AnalysisSettings(alpha=ALPHA, margin=Margin(relative=1.5, absolute=0.005), min_requests=200)
+    assert rollback_rate(0.02 * 1.5 + 0.005, 0.02, at_margin, seed=2) <= ALPHA + TOLERANCE
+
+
+def test_a_clearly_worse_canary_is_detected():
+    assert rollback_rate(0.06, 0.02, SETTINGS, seed=3, runs=100) >= 0.95
+
+
+def test_a_a_latency_means_stay_under_alpha():
+    rng = random.Random(4)
+    rolled_back = 0
+    for _ in range(RUNS):
+        sums = {"c": [0, 0.0, 0.0], "s": [0, 0.0, 0.0]}
+        for _look in range(LOOKS):
+            for key, n in (("c", CANARY_PER_LOOK), ("s", STABLE_PER_LOOK)):
+                for _ in range(n // 10):  # per-look batches keep the test fast; the statistic sees them all
+                    x = rng.lognormvariate(math.log(0.02), 0.5)
+                    sums[key][0] += 1
+                    sums[key][1] += x
+                    sums[key][2] += x * x
+            samples = {}
+            for key, (n, s, ss) in sums.items():
+                mean = s / n
+                samples[key] = MeanSample(n, mean, max(ss / n - mean * mean, 0.0) * n / max(n - 1, 1))
+            settings_ = AnalysisSettings(alpha=ALPHA, min_requests=50)
+            if compare_means("itl", samples["c"], samples["s"], settings_).decision is Decision.FAIL:
+                rolled_back += 1
+                break
+    assert rolled_back / RUNS <= ALPHA + TOLERANCE
+
+
+def test_a_a_shadow_pairs_stay_under_alpha_and_a_worse_shadow_is_caught():
+    def rate(p_canary_only: float, p_stable_only: float, seed: int) -> float:
+        rng = random.Random(seed)
+        failed = 0
+        for _ in range(RUNS):
+            c = s = 0
+            for look in range(1, LOOKS + 1):
+                c += binomial(rng, 100, p_canary_only)
+                s += binomial(rng, 100, p_stable_only)
+                if (
+                    compare_paired("shadow", PairedCounts(look * 100, c, s), SETTINGS).decision
+                    is Decision.FAIL
+                ):
+                    failed += 1
+                    break
+        return failed / RUNS
+
+    assert rate(0.01, 0.01, seed=5) <= ALPHA + TOLERANCE
+    assert rate(0.03, 0.01, seed=6) >= 0.9
