@@ -239,3 +239,101 @@ def test_operator_killed_mid_update_converges_without_duplicates(operator, apis,
     pods = engine_pods(apis, namespace, "crash")
     assert len(pods) == 4 and len({p.metadata.labels[labels.GROUP_INDEX] for p in pods}) == 4
     assert {p.metadata.labels[labels.REVISION] for p in pods} == {obj["status"]["updateRevision"]}
+
+
+def rollout_of(apis, ns, name):
+    return get(apis, ns, name).get("status", {}).get("rollout") or {}
+
+
+def command(apis, ns, name, kind):
+    import json
+    import uuid
+
+    annotation = json.dumps({"command": kind, "id": uuid.uuid4().hex})
+    apis[0].patch_namespaced_custom_object(
+        GROUP, VERSION, ns, PLURAL, name, {"metadata": {"annotations": {"tokenyard.dev/rollout-command": annotation}}}
+    )
+
+
+CANARY = {"strategy": "Canary", "drainSeconds": 1, "steps": [{"setWeight": 50}, {"pause": {}}]}
+
+
+def test_canary_waits_for_promote_then_moves_traffic_and_drains_the_old_revision(operator, apis, namespace):
+    apis[0].create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, mdep("can", tensor=1, replicas=2, rollout=CANARY)
+    )
+    first = wait_for(ready_groups(apis, namespace, "can", 2), timeout=60, what="2 stable groups")
+    stable = first["status"]["updateRevision"]
+    assert first["status"]["traffic"] == [{"revision": stable, "weight": 100}]
+    apis[0].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "can", {"spec": {"engine": {"image": "v2"}}})
+
+    def paused_at_half():
+        obj = get(apis, namespace, "can")
+        weights = {t["revision"]: t["weight"] for t in obj["status"].get("traffic", [])}
+        rollout = obj["status"].get("rollout") or {}
+        canary = rollout.get("canaryRevision")
+        return rollout.get("phase") == "Paused" and canary and weights.get(canary) == 50 and obj
+
+    obj = wait_for(paused_at_half, timeout=60, what="the canary at weight 50, paused until promoted")
+    canary = obj["status"]["rollout"]["canaryRevision"]
+    by_revision = {}
+    for g in obj["status"]["groups"]:
+        by_revision[g["revision"]] = by_revision.get(g["revision"], 0) + 1
+    assert by_revision[stable] == 2, "the stable revision lost capacity before promotion"
+    assert by_revision[canary] == 1
+
+    command(apis, namespace, "can", "promote")
+
+    def healthy():
+        obj = get(apis, namespace, "can")
+        rollout = obj["status"].get("rollout") or {}
+        pods = engine_pods(apis, namespace, "can")
+        return (
+            rollout.get("phase") == "Healthy"
+            and obj["status"]["currentRevision"] == canary
+            and {p.metadata.labels[labels.REVISION] for p in pods} == {canary}
+            and len(pods) == 2
+            and obj
+        )
+
+    obj = wait_for(healthy, timeout=90, what="promotion and the old revision drained")
+    assert {t["revision"]: t["weight"] for t in obj["status"]["traffic"]}[canary] == 100
+
+
+def test_abort_rolls_back_at_once_and_keeps_the_stable_groups(operator, apis, namespace):
+    apis[0].create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, mdep("abort", tensor=1, replicas=2, rollout=CANARY)
+    )
+    stable = wait_for(ready_groups(apis, namespace, "abort", 2), timeout=60, what="2 groups")["status"]["updateRevision"]
+    stable_pods = {p.metadata.uid for p in engine_pods(apis, namespace, "abort")}
+    apis[0].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "abort", {"spec": {"engine": {"image": "v2"}}})
+    wait_for(lambda: rollout_of(apis, namespace, "abort").get("phase") == "Paused", timeout=60, what="the pause step")
+    command(apis, namespace, "abort", "abort")
+
+    def rolled_back():
+        obj = get(apis, namespace, "abort")
+        pods = engine_pods(apis, namespace, "abort")
+        weights = {t["revision"]: t["weight"] for t in obj["status"].get("traffic", [])}
+        return (
+            (obj["status"].get("rollout") or {}).get("phase") == "RolledBack"
+            and {p.metadata.uid for p in pods} == stable_pods
+            and weights.get(stable) == 100
+        )
+
+    wait_for(rolled_back, timeout=60, what="the rollback, with the canary's groups removed")
+
+
+def test_analysis_without_prometheus_is_inconclusive_and_pauses(operator, apis, namespace):
+    rollout = {"strategy": "Canary", "steps": [{"setWeight": 50}, {"analysis": {"timeoutSeconds": 5}}]}
+    apis[0].create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, mdep("inc", tensor=1, replicas=1, rollout=rollout)
+    )
+    wait_for(ready_groups(apis, namespace, "inc", 1), timeout=60, what="1 group")
+    apis[0].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "inc", {"spec": {"engine": {"image": "v2"}}})
+
+    def paused_inconclusive():
+        r = rollout_of(apis, namespace, "inc")
+        return r.get("phase") == "Paused" and "Prometheus" in (r.get("reason") or "") + str(r.get("analysis")) and r
+
+    r = wait_for(paused_inconclusive, timeout=60, what="an inconclusive analysis to pause the rollout")
+    assert r["state"]["pauseReason"] == "AnalysisInconclusive"

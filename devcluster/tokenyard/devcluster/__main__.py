@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tokenyard.devcluster.binaries import BinaryError, cache_root, ensure_binaries
+from tokenyard.devcluster.binaries import NAMES, BinaryError, cache_root, ensure_binaries
 from tokenyard.devcluster.cluster import DEFAULT_API_PORT, ClusterError, DevCluster
 from tokenyard.devcluster.topology import Topology
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "binaries":
-            found = ensure_binaries()
+            found = ensure_binaries(required=NAMES)
             for name, path in vars(found).items():
                 print(f"{name}: {path}")
             return 0

@@ -21,8 +21,10 @@ from pathlib import Path
 KUBERNETES_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.7.0"
+HELM_VERSION = "v4.3.2"
 
-NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+NAMES = (*CONTROL_PLANE, "helm")  # helm is for the chart's tests and installs, not for running the cluster
 BUILD_SCRIPT = Path(__file__).with_name("build-binaries.sh")
 
 
@@ -38,6 +40,7 @@ class Binaries:
     kube_scheduler: Path
     kubectl: Path
     kwok: Path
+    helm: Path | None
 
 
 def cache_root() -> Path:
@@ -56,20 +59,21 @@ def _find(name: str, folders: list[Path]) -> Path | None:
     return None
 
 
-def ensure_binaries(build: bool = True) -> Binaries:
-    """Return every binary's path, building the missing ones when `build` is true."""
+def ensure_binaries(build: bool = True, required: tuple[str, ...] = CONTROL_PLANE) -> Binaries:
+    """Every binary's path (None for an optional one not there), building the missing `required` ones
+    (and the optional ones with them) when `build` is true."""
     folders = []
     if os.environ.get("KUBEBUILDER_ASSETS"):
         folders.append(Path(os.environ["KUBEBUILDER_ASSETS"]))
     folders.append(cache_dir())
-    missing = [name for name in NAMES if _find(name, folders) is None]
+    missing = [name for name in required if _find(name, folders) is None]
     if missing and build:
         if shutil.which("go") is None:
             raise BinaryError(
                 f"missing {', '.join(missing)} in {', '.join(map(str, folders))} and no `go` on PATH to build them"
             )
         result = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), str(cache_dir()), KUBERNETES_VERSION, ETCD_VERSION, KWOK_VERSION],
+            ["bash", str(BUILD_SCRIPT), str(cache_dir()), KUBERNETES_VERSION, ETCD_VERSION, KWOK_VERSION, HELM_VERSION],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -78,7 +82,7 @@ def ensure_binaries(build: bool = True) -> Binaries:
             tail = "\n".join(result.stdout.splitlines()[-15:])
             raise BinaryError(f"building {', '.join(missing)} failed (exit {result.returncode}):\n{tail}")
     found = {name: _find(name, folders) for name in NAMES}
-    still_missing = [name for name, path in found.items() if path is None]
+    still_missing = [name for name in required if found[name] is None]
     if still_missing:
         raise BinaryError(f"missing {', '.join(still_missing)} in {', '.join(map(str, folders))}")
     return Binaries(**{name.replace("-", "_"): path for name, path in found.items()})  # type: ignore[arg-type]

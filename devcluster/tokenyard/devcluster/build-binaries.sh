@@ -2,14 +2,14 @@
 # Builds the control-plane binaries of the local cluster from their Go modules
 # into a cache folder, one sub-folder per pinned version, so later starts reuse them.
 #
-#   build-binaries.sh OUT_DIR KUBE_VERSION ETCD_VERSION KWOK_VERSION
+#   build-binaries.sh OUT_DIR KUBE_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION
 #
 # k8s.io/kubernetes cannot be `go install`ed: its go.mod requires every staging
 # module at v0.0.0 and replaces it with a local path. A throw-away wrapper module
 # requires k8s.io/kubernetes vX.Y.Z and replaces each staging module named in that
 # go.mod with its published v0.Y.Z. etcd's server module has the same shape.
 set -euo pipefail
-out=$1 kube=$2 etcd=$3 kwok=$4
+out=$1 kube=$2 etcd=$3 kwok=$4 helm=$5
 mkdir -p "$out"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 work=$(mktemp -d)
@@ -58,5 +58,9 @@ fi
 if [ ! -x "$out/kwok" ]; then
   echo "building kwok $kwok" >&2
   GOBIN="$out" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$kwok"
+fi
+if [ ! -x "$out/helm" ]; then
+  echo "building helm $helm" >&2
+  GOBIN="$out" go install -trimpath -ldflags "-s -w" "helm.sh/helm/v4/cmd/helm@$helm"
 fi
 echo "binaries ready in $out" >&2

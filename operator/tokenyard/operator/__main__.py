@@ -20,6 +20,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--namespace", action="append", default=[], help="watch only these namespaces (repeatable)")
     parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")
     parser.add_argument("--metrics-host", default="127.0.0.1", help="metrics bind address (0.0.0.0 in a pod)")
+    parser.add_argument(
+        "--prometheus-url",
+        default=os.environ.get("TOKENYARD_PROMETHEUS_URL"),
+        help="Prometheus for rollout analysis (default: $TOKENYARD_PROMETHEUS_URL); without it analysis is inconclusive",
+    )
     parser.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     peering = parser.add_mutually_exclusive_group()
     peering.add_argument(
@@ -40,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    if args.prometheus_url:
+        os.environ["TOKENYARD_PROMETHEUS_URL"] = args.prometheus_url
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)
     from tokenyard.operator import handlers  # noqa: F401  (registers the Kopf handlers)

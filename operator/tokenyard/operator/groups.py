@@ -73,16 +73,8 @@ class Decision:
     scale_down_candidates: list[GroupView] = field(default_factory=list)
 
 
-def decide(
-    groups: Sequence[GroupView],
-    replicas: int,
-    update_revision: str,
-    max_surge: int,
-    max_unavailable: int,
-    now: float,
-    bind_timeout: float = 30.0,
-) -> Decision:
-    decision = Decision()
+def _split_broken(groups: Sequence[GroupView], now: float, bind_timeout: float, decision: Decision) -> list[GroupView]:
+    """Queue failed and unbindable groups for deletion (to be recreated whole); return the live ones."""
     live: list[GroupView] = []
     for group in groups:
         phase = group.phase
@@ -96,20 +88,41 @@ def decide(
             )
         else:
             live.append(group)
+    return live
+
+
+def _scale_down(groups: list[GroupView], target: int, decision: Decision) -> None:
+    """Remove groups beyond `target`: not-ready ones first (they serve nothing); among ready ones the
+    adapter asks the placement planner which removals free the most useful capacity."""
+    surplus = len(groups) - target
+    if surplus <= 0:
+        return
+    not_ready = [g for g in groups if not g.ready]
+    for group in not_ready[:surplus]:
+        decision.delete.append((group, f"scaling down to {target} groups"))
+    decision.scale_down += surplus - min(surplus, len(not_ready))
+    decision.scale_down_candidates += [g for g in groups if g.ready]
+
+
+def decide(
+    groups: Sequence[GroupView],
+    replicas: int,
+    update_revision: str,
+    max_surge: int,
+    max_unavailable: int,
+    now: float,
+    bind_timeout: float = 30.0,
+) -> Decision:
+    """Rolling update: every group converges to `update_revision`, within the surge and unavailability budget."""
+    decision = Decision()
+    live = _split_broken(groups, now, bind_timeout, decision)
 
     new = [g for g in live if g.revision == update_revision]
     old = [g for g in live if g.revision != update_revision]
 
     if len(new) > replicas:
-        # Not-ready groups go first: they serve nothing. Among ready ones, the adapter asks the placement
-        # planner which removals free the most useful capacity.
-        not_ready = [g for g in new if not g.ready]
-        surplus = len(new) - replicas
-        for group in not_ready[:surplus]:
-            decision.delete.append((group, f"scaling down to {replicas} groups"))
-        decision.scale_down = surplus - min(surplus, len(not_ready))
-        decision.scale_down_candidates = [g for g in new if g.ready]
-        new = new[: len(new) - surplus]
+        _scale_down(new, replicas, decision)
+        new = new[:replicas]
 
     allowed_total = replicas + max_surge
     min_ready = max(0, replicas - max_unavailable)
@@ -134,6 +147,30 @@ def decide(
 
     groups_after = len(new) + len(old) - removed_old
     decision.create = max(0, min(replicas - len(new), allowed_total - groups_after))
+    return decision
+
+
+@dataclass
+class TargetDecision(Decision):
+    create_per_revision: dict[str, int] = field(default_factory=dict)
+
+
+def decide_targets(
+    groups: Sequence[GroupView], targets: dict[str, int], now: float, bind_timeout: float = 30.0
+) -> TargetDecision:
+    """Canary rollouts: each revision converges to its own group count (from the rollout state machine);
+    the groups of a revision it no longer names are removed (it names a draining revision until its
+    streams have finished)."""
+    decision = TargetDecision()
+    live = _split_broken(groups, now, bind_timeout, decision)
+    for revision, target in targets.items():
+        mine = [g for g in live if g.revision == revision]
+        _scale_down(mine, target, decision)
+        if len(mine) < target:
+            decision.create_per_revision[revision] = target - len(mine)
+    for group in live:
+        if group.revision not in targets:
+            decision.delete.append((group, f"revision {group.revision} is no longer part of the rollout"))
     return decision
 
 

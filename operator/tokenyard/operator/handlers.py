@@ -23,9 +23,18 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 from tokenyard.core import labels as keys
-from tokenyard.core.types import ModelDeploymentSpec
+from tokenyard.core.types import ModelDeploymentSpec, RolloutStrategy
 from tokenyard.operator import metrics
-from tokenyard.operator.groups import FAILED, READY, GroupView, MemberView, decide, next_indices
+from tokenyard.operator.canary import PrometheusAnalysis, commands_from, state_from_status, strategy_from_spec
+from tokenyard.operator.groups import (
+    FAILED,
+    READY,
+    GroupView,
+    MemberView,
+    decide,
+    decide_targets,
+    next_indices,
+)
 from tokenyard.operator.manifests import GroupNames, planned_node, pod_manifest, selector, service_manifest
 from tokenyard.operator.placement import (
     BEST_FIT,
@@ -40,12 +49,23 @@ from tokenyard.operator.placement import (
     stranded_gpus,
 )
 from tokenyard.operator.revision import revision_hash, revision_template
+from tokenyard.operator.rollout import (
+    Observations,
+    ScaleGroups,
+    SetShadow,
+    SetWeights,
+    ShadowStep,
+    analysis_window,
+    start_rollout,
+)
+from tokenyard.operator.rollout import step as rollout_step
 
 log = logging.getLogger("tokenyard.operator")
 
 RESYNC_SECONDS = float(os.environ.get("TOKENYARD_RESYNC_SECONDS", "10"))
 BIND_TIMEOUT_SECONDS = float(os.environ.get("TOKENYARD_BIND_TIMEOUT_SECONDS", "30"))
 HISTORY_LIMIT = 10
+ANALYSIS = PrometheusAnalysis(os.environ.get("TOKENYARD_PROMETHEUS_URL"))
 ENGINE_SELECTOR = {keys.MANAGED_BY: keys.MANAGED_BY_VALUE, keys.COMPONENT: keys.COMPONENT_ENGINE}
 
 
@@ -240,15 +260,26 @@ async def reconcile(
     now = time.time()
     update_revision = revision_hash(spec)
     groups = _group_views(pods)
-    decision = decide(
-        groups,
-        replicas=spec.replicas,
-        update_revision=update_revision,
-        max_surge=spec.rollout.max_surge,
-        max_unavailable=spec.rollout.max_unavailable,
-        now=now,
-        bind_timeout=BIND_TIMEOUT_SECONDS,
-    )
+    rollout_status: dict[str, Any] = {}
+    current_revision = None
+    if spec.rollout.strategy == RolloutStrategy.CANARY:
+        canary_plan = await _canary_step(body, spec, update_revision, groups, now)
+        decision = decide_targets(groups, canary_plan["targets"], now, BIND_TIMEOUT_SECONDS)
+        creates = decision.create_per_revision
+        rollout_status, current_revision = canary_plan["status"], canary_plan["current"]
+    else:
+        decision = decide(
+            groups,
+            replicas=spec.replicas,
+            update_revision=update_revision,
+            max_surge=spec.rollout.max_surge,
+            max_unavailable=spec.rollout.max_unavailable,
+            now=now,
+            bind_timeout=BIND_TIMEOUT_SECONDS,
+        )
+        creates = {update_revision: decision.create} if decision.create else {}
+        # Without a canary the router spreads traffic over every ready group, whatever its revision.
+        rollout_status = {"traffic": [], "shadow": None, "rollout": None}
     levels = [TopologyLevel(level.name, level.node_label) for level in spec.placement.topology]
     node_list = _nodes(node_summaries, pod_gpus_index)
 
@@ -272,13 +303,98 @@ async def reconcile(
             kopf.info(body, reason="GroupRemoved", message=f"group {group.index} (revision {group.revision}): {reason}")
 
     capacity_problem = None
-    if decision.create:
-        capacity_problem = await _create_groups(name, namespace, body, spec, update_revision, groups, decision.create, levels, logger)
+    for revision, count in creates.items():
+        revision_spec = _spec_of_revision(spec, revision, update_revision, body)
+        if revision_spec is None:
+            logger.warning(f"cannot recreate groups of revision {revision}: its template is not in the history")
+            continue
+        problem = await _create_groups(name, namespace, body, revision_spec, revision, groups, count, levels, logger)
+        capacity_problem = capacity_problem or problem
 
     deleted = {(g.index, g.revision) for g, _ in to_delete}
     remaining = [g for g in groups if (g.index, g.revision) not in deleted]
-    await _write_status(name, namespace, body, spec, update_revision, remaining, node_list, capacity_problem)
+    await _write_status(
+        name, namespace, body, spec, update_revision, remaining, node_list, capacity_problem, rollout_status, current_revision
+    )
     _export_metrics(namespace, name, remaining, capacity_problem, node_list, spec)
+
+
+def _spec_of_revision(spec: ModelDeploymentSpec, revision: str, update_revision: str, body: Any) -> ModelDeploymentSpec | None:
+    """The spec a revision's groups are made from: the current one, or an older one from the history."""
+    if revision == update_revision:
+        return spec
+    for record in (body.get("status") or {}).get("revisionHistory") or []:
+        if record.get("revision") == revision and record.get("template"):
+            return ModelDeploymentSpec.parse({**spec.dump(), **record["template"]})
+    return None
+
+
+async def _canary_step(body: Any, spec: ModelDeploymentSpec, update_revision: str, groups: list[GroupView], now: float) -> dict[str, Any]:
+    """One step of the canary state machine: its targets per revision, and what goes into the status."""
+    status = dict(body.get("status") or {})
+    state = state_from_status(status, update_revision)
+    if state.phase.terminal and update_revision not in (state.stable_revision, state.rolled_back_revision):
+        state = start_rollout(state, update_revision, now)
+    strategy = strategy_from_spec(spec)
+    ready: dict[str, int] = {}
+    for g in groups:
+        if g.ready:
+            ready[g.revision] = ready.get(g.revision, 0) + 1
+    analysis_status = None
+    verdict, verdict_reason = None, ""
+    window = analysis_window(strategy, state, now)
+    if window is not None and state.canary_revision:
+        current_step = strategy.steps[state.step_index]
+        result = await ANALYSIS.judge(
+            spec,
+            spec.model.served_model_name or body["metadata"]["name"],
+            state.stable_revision,
+            state.canary_revision,
+            since=window[0],
+            now=now,
+            final=window[1],
+            shadow=isinstance(current_step, ShadowStep),
+        )
+        verdict, verdict_reason = result.decision, result.reason
+        analysis_status = {**result.to_dict(), "time": _now_iso()}
+    observed = Observations(
+        ready_groups=ready,
+        analysis=verdict,
+        analysis_reason=verdict_reason,
+        commands=commands_from(body["metadata"].get("annotations") or {}, spec.paused, state),
+    )
+    decision = rollout_step(strategy, state, observed, now)
+    for message in decision.events:
+        kopf.info(body, reason="Rollout", message=message)
+    targets: dict[str, int] = {}
+    traffic: list[dict[str, Any]] = []
+    shadow = None
+    for action in decision.actions:
+        if isinstance(action, ScaleGroups):
+            targets[action.revision] = action.groups
+        elif isinstance(action, SetWeights):
+            traffic = [{"revision": r, "weight": w} for r, w in action.weights.items()]
+        elif isinstance(action, SetShadow) and action.revision:
+            shadow = {"revision": action.revision, "fraction": action.fraction}
+    new_state = decision.state
+    previous = (status.get("rollout") or {}).get("analysis")
+    return {
+        "targets": targets,
+        "current": new_state.stable_revision,
+        "status": {
+            "traffic": traffic,
+            "shadow": shadow,
+            "rollout": {
+                "phase": str(new_state.phase),
+                "step": new_state.step_index,
+                "reason": decision.reason,
+                "stableRevision": new_state.stable_revision,
+                "canaryRevision": new_state.canary_revision,
+                "analysis": analysis_status or previous,
+                "state": new_state.to_dict(),
+            },
+        },
+    }
 
 
 def _group_views(pods: Iterable[dict[str, Any]]) -> list[GroupView]:
@@ -520,6 +636,8 @@ async def _write_status(
     groups: list[GroupView],
     node_list: list[Node],
     capacity_problem: str | None,
+    rollout_status: dict[str, Any],
+    current_override: str | None,
 ) -> None:
     status = dict(body.get("status") or {})
     ready = [g for g in groups if g.ready]
@@ -532,6 +650,8 @@ async def _write_status(
         current = max(ready_by_revision, key=lambda r: (ready_by_revision[r], r == update_revision))
     elif current is None:
         current = update_revision
+    if current_override:
+        current = current_override
 
     history = list(status.get("revisionHistory") or [])
     if not any(h.get("revision") == update_revision for h in history):
@@ -575,6 +695,7 @@ async def _write_status(
             for g in groups
         ],
         "conditions": _conditions(body, updates),
+        **rollout_status,
     }
     await _patch_status(name, namespace, patch)
 

@@ -12,6 +12,13 @@ labels read through ``TopologyLevel``s, innermost first (NVLink domain, rack, zo
 * ``strategy``: ``"best-fit"`` (default) keeps large blocks free (see placement_search.py for the rule);
   ``"spread"`` puts each group in the emptiest domain and nodes, for availability.
 
+"Large blocks" are measured in the shapes in use (``GroupShape``: pods, GPUs per pod, product, required
+level): the planner protects the capacity to host them. Pass every shape the cluster runs, ideally with
+its share of the groups (a mapping shape -> share), so that best fit minimises the expected stranded GPUs
+for that mix (``expected_stranded_gpus``). ``stranded_gpus`` is the strict count the operator exports:
+free GPUs that no pod of any shape in use could use. ``choose_scale_down`` picks the groups whose removal
+frees whole domains (racks, NVLink domains, nodes) rather than the newest.
+
 Groups placed in one call see the ones placed before them; nothing is ever double-booked. The caller's
 ``gpu_used`` must already count every GPU of pods that are bound or pinned to a node.
 
@@ -301,6 +308,11 @@ class Planner:
     def free_gpus(self) -> dict[str, int]:
         """Free GPUs per eligible node."""
         return {node.name: node.free for index in self._indexes.values() for node in index.nodes}
+
+    def verify_index(self) -> None:
+        """Self-check for tests: the index's aggregates agree with its nodes (AssertionError if not)."""
+        for index in self._indexes.values():
+            index.verify()
 
     def _products_for(self, product: str | None) -> list[str]:
         if product is None:

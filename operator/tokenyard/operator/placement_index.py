@@ -139,3 +139,20 @@ class ProductIndex:
             histogram = domain.free_histogram
             histogram[before] -= 1
             histogram[after] += 1
+
+    # --- self-check ----------------------------------------------------------------------------------
+
+    def verify(self) -> None:
+        """Recompute every aggregate from the nodes and raise AssertionError on any difference (for
+        tests: an index that drifts would double-book GPUs without any other sign)."""
+        for free, bucket in enumerate(self.nodes_by_free):
+            for node_id in bucket:
+                assert self.nodes[node_id].free == free, f"node {self.nodes[node_id].name} in bucket {free}"
+        assert sum(len(bucket) for bucket in self.nodes_by_free) == len(self.nodes), "bucket sizes"
+        for domains in self.domains_by_position:
+            for domain in domains:
+                members = [self.nodes[node_id] for node_id in domain.node_ids]
+                assert domain.free == sum(node.free for node in members), "domain free GPUs"
+                assert domain.allocatable == sum(node.allocatable for node in members), "domain allocatable"
+                for free, count in enumerate(domain.free_histogram):
+                    assert count == sum(1 for node in members if node.free == free), "domain histogram"

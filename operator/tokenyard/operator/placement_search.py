@@ -7,8 +7,15 @@ its free GPUs can host: ``pod_slots(g) // pods`` in each domain of the shape's r
 lowers it only in the domains that contain the chosen node, so the loss is computed locally, from the index,
 in O(levels × shapes) per candidate node. This is the idea behind fragmentation-gradient-descent scheduling
 (Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient
-Descent", USENIX ATC 2023) made lexicographic: the largest shape's loss counts first, because a large group
-is the one that cannot go anywhere else.
+Descent", USENIX ATC 2023): when the caller knows the shape mix (each shape's share of the groups), the
+first criterion is the GPUs of the lost copies weighted by share, which is exactly the rise in the expected
+stranded GPUs for that mix; then (or alone, without a mix) the losses compared lexicographically, the
+largest shape first, because a large group is the one that cannot go anywhere else.
+
+The node search does not score every node: nodes sit in buckets by free GPUs, a lower bound of the score
+is known per bucket, and buckets are visited best bound first until none can beat the best node found.
+A group of several pods first picks its domain (only domains whose free total could hold it are even
+looked at), then its nodes inside that domain, one pod at a time.
 
 Spread is the opposite choice at every step: the domain and the node with the most free GPUs, the way
 kube-scheduler's default least-allocated scoring spreads pods, but whole groups at a time.

@@ -1,0 +1,866 @@
+"""vLLM's OpenAI-compatible HTTP API around one simulated engine (the aiohttp adapter).
+
+Paths and payloads follow vLLM's server (vllm/entrypoints/openai/api_server.py):
+`POST /v1/completions`, `POST /v1/chat/completions` (SSE streaming ending in `data: [DONE]`, or one JSON body),
+`GET /v1/models`, `GET /health`, `GET /version`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`; plus
+SGLang's `/get_server_info`, `/get_model_info` and `/get_load`, enough for `sglang-router` to use the engine as a
+worker; plus `GET|POST /sim/config` to read and change the fault knobs of a running engine.
+
+Timing: the engine core prices each step in modelled seconds; this adapter serves it `time_scale` times as
+fast or slow, on a virtual clock that may lag the event loop but never runs ahead of it: when the loop is late
+the next step starts at the previous step's end instead of now, so short delays (under the loop's timer
+resolution) average out instead of accumulating. Every latency exported on /metrics is measured on the event
+loop's clock, i.e. in served seconds as a client sees them.
+
+Many engines share one event loop: an engine is an aiohttp runner on its own host:port and one stepping task
+that sleeps while the engine is idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import time
+import uuid
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tokenyard.sim.engine import (
+    Engine,
+    EngineError,
+    FinishReason,
+    Request,
+    SamplingParams,
+    SchedulerConfig,
+    StepOutcome,
+)
+from tokenyard.sim.metrics import EngineMetrics
+from tokenyard.sim.model import (
+    BLOCK_SIZE_TOKENS,
+    GPU_MEMORY_UTILIZATION,
+    Deployment,
+    StepShape,
+    gpu_preset,
+    model_preset,
+)
+from tokenyard.sim.tokenizer import Tokenizer
+
+log = logging.getLogger("tokenyard.sim")
+
+VLLM_VERSION = "0.10.1-tokenyard-sim"  # what /version reports: the vLLM API generation this engine imitates
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default, which vLLM keeps
+DRAIN_TIMEOUT_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+# How far the virtual clock may lag the event loop and still catch up (late timer wake-ups on a busy machine);
+# beyond it the lag is given up and shows as latency.
+MAX_CATCH_UP_S = 0.25
+
+
+@dataclass
+class FaultKnobs:
+    """Behaviour knobs for rollout and failure rehearsals; all can change while the engine runs."""
+
+    error_rate: float = 0.0  # fraction of generation requests answered with a 500
+    latency_multiplier: float = 1.0  # every step takes this many times as long
+    startup_seconds: float = 0.0  # modelled model-load time: /health answers 503 until it has passed
+    crash_after_requests: int | None = (
+        None  # stop listening (and drop connections) when this many have arrived
+    )
+
+    def validated(self) -> FaultKnobs:
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError(f"error_rate must be in [0, 1], got {self.error_rate}")
+        if self.latency_multiplier <= 0:
+            raise ValueError(f"latency_multiplier must be positive, got {self.latency_multiplier}")
+        if self.startup_seconds < 0:
+            raise ValueError(f"startup_seconds must be >= 0, got {self.startup_seconds}")
+        if self.crash_after_requests is not None and self.crash_after_requests < 0:
+            raise ValueError(f"crash_after_requests must be >= 0, got {self.crash_after_requests}")
+        return self
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Everything that defines one simulated engine (the CLI and the pod runner both build one)."""
+
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100-sxm"
+    tp: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None  # default: the preset's Hugging Face id
+    time_scale: float = 1.0
+    max_model_len: int | None = None
+    num_gpu_blocks_override: int | None = None  # vLLM's --num-gpu-blocks-override (small caches in tests)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    knobs: FaultKnobs = field(default_factory=FaultKnobs)
+    seed: int = 0  # of the fault injection's random numbers
+
+    def deployment(self) -> Deployment:
+        overrides = {}
+        if self.max_num_seqs is not None:
+            overrides["max_num_seqs"] = self.max_num_seqs
+        if self.max_num_batched_tokens is not None:
+            overrides["max_num_batched_tokens"] = self.max_num_batched_tokens
+        return Deployment(
+            model_preset(self.model),
+            gpu_preset(self.gpu),
+            tp=self.tp,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            block_size=BLOCK_SIZE_TOKENS,
+            **overrides,
+        )
+
+    def validate(self) -> Deployment:
+        """The deployment, or ValueError (PresetError) naming what is wrong."""
+        if self.time_scale <= 0:
+            raise ValueError(f"time scale must be positive, got {self.time_scale}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        self.knobs.validated()
+        return self.deployment()
+
+
+@dataclass
+class TimingStats:
+    """How faithfully the served timeline follows the model.
+
+    Over each busy period (from the first step after idle to the last delivery before idle), the wall time taken
+    is compared with the sum of the steps' served durations. Late timer wake-ups are made up by the virtual clock,
+    so only lateness that could not be caught up shows as drift; per-step lateness is kept apart as jitter.
+    """
+
+    steps: int = 0
+    nominal_s: float = 0.0  # sum of step durations as served (modelled x time scale)
+    closed_busy_s: float = 0.0  # wall time of the busy periods that ended
+    open_start: float | None = None
+    last_delivery: float = 0.0
+    late_s: float = 0.0  # sum of each step's delivery lateness against its nominal end
+
+    def record(self, period_start: float, nominal_s: float, nominal_end: float, delivered: float) -> None:
+        if self.open_start is None:
+            self.open_start = period_start
+        self.steps += 1
+        self.nominal_s += nominal_s
+        self.last_delivery = delivered
+        self.late_s += max(0.0, delivered - nominal_end)
+
+    def idle(self) -> None:
+        if self.open_start is not None:
+            self.closed_busy_s += self.last_delivery - self.open_start
+            self.open_start = None
+
+    @property
+    def busy_s(self) -> float:
+        open_part = self.last_delivery - self.open_start if self.open_start is not None else 0.0
+        return self.closed_busy_s + open_part
+
+    @property
+    def drift(self) -> float:
+        """Wall time over modelled time while busy, minus one (0.05: the engine runs 5% slower than modelled)."""
+        return self.busy_s / self.nominal_s - 1.0 if self.nominal_s else 0.0
+
+    @property
+    def mean_jitter_s(self) -> float:
+        return self.late_s / self.steps if self.steps else 0.0
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind or {
+            400: "BadRequestError",
+            404: "NotFoundError",
+            500: "InternalServerError",
+            503: "ServiceUnavailableError",
+        }.get(status, "Error")
+
+    def response(self) -> web.Response:
+        body = {"object": "error", "message": self.message, "type": self.kind, "param": self.param}
+        body["code"] = self.status
+        return web.json_response(body, status=self.status)
+
+
+@dataclass(eq=False)
+class _Stream:
+    """What the stepper hands to the request handler: text produced so far and how the request ended."""
+
+    request: Request
+    stops: tuple[str, ...]
+    arrival_wall: float
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    text: str = ""
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | None = None
+    last_token_wall: float | None = None
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class SimEngine:
+    """One simulated engine: the core, its HTTP server and its stepping task."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.deployment = options.validate()
+        self.knobs = replace(options.knobs)
+        d = self.deployment
+        self.model_name = options.served_model_name or d.model.hf_id
+        self.tokenizer = Tokenizer(d.model.vocab_size)
+        num_blocks = options.num_gpu_blocks_override or d.num_gpu_blocks
+        max_model_len = min(
+            options.max_model_len or d.model.max_position_embeddings, num_blocks * d.block_size
+        )
+        self.core = Engine(
+            SchedulerConfig.for_deployment(d, num_gpu_blocks=num_blocks, max_model_len=max_model_len),
+            self._step_seconds,
+            self.tokenizer,
+        )
+        cache_info = {
+            "block_size": str(d.block_size),
+            "num_gpu_blocks": str(num_blocks),
+            "gpu_memory_utilization": str(d.gpu_memory_utilization),
+            "enable_prefix_caching": "True",
+            "cache_dtype": "auto",
+        }
+        self.metrics = EngineMetrics(self.core, self.model_name, max_model_len, cache_info)
+        self._rng = random.Random(options.seed)
+        self.timing = TimingStats()
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+        self._wake = asyncio.Event()
+        self._virtual_wall: float | None = None  # end of the last step on the loop clock
+        self._t0_wall = 0.0
+        self._created = int(time.time())
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._stepper: asyncio.Task | None = None
+        self._started_wall = 0.0
+        self._requests_seen = 0
+        self.crashed = False
+        self.draining = False
+        self.bound_port: int | None = None
+
+    def _step_seconds(self, shape: StepShape) -> float:
+        # The knob scales the modelled step itself, so the engine's own clock sees the slow steps too.
+        return self.deployment.step_seconds(shape) * self.knobs.latency_multiplier
+
+    # --- clocks ---------------------------------------------------------------------------------------------
+    @property
+    def _loop_time(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _modelled(self, wall: float) -> float:
+        return (wall - self._t0_wall) / self.options.time_scale
+
+    def _served(self, modelled: float) -> float:
+        return self._t0_wall + modelled * self.options.time_scale
+
+    @property
+    def loaded(self) -> bool:
+        elapsed = self._modelled(self._loop_time) - self._modelled(self._started_wall)
+        return elapsed >= self.knobs.startup_seconds
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.options.host}:{self.bound_port}"
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024**2)
+        r = app.router
+        r.add_post("/v1/completions", self.handle_completions)
+        r.add_post("/v1/chat/completions", self.handle_chat)
+        r.add_get("/v1/models", self.handle_models)
+        r.add_get("/health", self.handle_health)
+        r.add_get("/ping", self.handle_health)
+        r.add_get("/version", self.handle_version)
+        r.add_post("/tokenize", self.handle_tokenize)
+        r.add_post("/detokenize", self.handle_detokenize)
+        r.add_get("/metrics", self.handle_metrics)
+        r.add_get("/get_server_info", self.handle_server_info)
+        r.add_get("/server_info", self.handle_server_info)
+        r.add_get("/get_model_info", self.handle_model_info)
+        r.add_get("/model_info", self.handle_model_info)
+        r.add_get("/get_load", self.handle_load)
+        r.add_get("/health_generate", self.handle_health)
+        r.add_post("/flush_cache", self.handle_flush_cache)
+        r.add_get("/sim/config", self.handle_get_config)
+        r.add_post("/sim/config", self.handle_set_config)
+        r.add_get("/sim/stats", self.handle_stats)
+        return app
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._t0_wall = self._started_wall = loop.time()
+        self._runner = web.AppRunner(self.build_app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, self.options.host, self.options.port, reuse_address=True)
+        await self._site.start()
+        self.bound_port = self._runner.addresses[-1][1]
+        self._stepper = asyncio.create_task(
+            self._step_loop(), name=f"sim-step-{self.options.host}:{self.bound_port}"
+        )
+        log.info(
+            "engine %s (%s on %d x %s) serving on %s, %d KV blocks, context %d",
+            self.model_name,
+            self.deployment.model.name,
+            self.deployment.tp,
+            self.deployment.gpu.name,
+            self.url,
+            self.core.config.num_gpu_blocks,
+            self.core.config.max_model_len,
+        )
+
+    async def stop(self, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Stop taking requests, let in-flight ones finish for up to `drain_timeout_s`, then close."""
+        self.draining = True
+        if self._site is not None and not self.crashed:
+            await self._site.stop()
+        deadline = self._loop_time + drain_timeout_s
+        while self._streams and self._loop_time < deadline:
+            await asyncio.sleep(0.01)
+        self._abort_all()
+        if self._stepper is not None:
+            self._stepper.cancel()
+            await asyncio.gather(self._stepper, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _abort_all(self) -> None:
+        now = self._modelled(self._loop_time)
+        for stream in list(self._streams.values()):
+            self._end(stream, FinishReason.ABORT, now)
+
+    async def _crash(self) -> None:
+        """Behave like a dead process: refuse connections and drop the open ones."""
+        if self.crashed:
+            return
+        self.crashed = True
+        log.warning(
+            "engine %s on %s crashes (crash_after_requests=%s)",
+            self.model_name,
+            self.url,
+            self.knobs.crash_after_requests,
+        )
+        if self._site is not None:
+            await self._site.stop()
+        self._abort_all()
+        server = self._runner.server if self._runner is not None else None
+        for conn in list(getattr(server, "connections", []) if server else []):
+            if conn.transport is not None:
+                conn.transport.abort()
+
+    # --- the stepping task ----------------------------------------------------------------------------------
+    async def _step_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        period_start = loop.time()
+        while True:
+            if not self.core.has_work():
+                self.timing.idle()
+                self._wake.clear()
+                await self._wake.wait()
+                self._virtual_wall = None
+                period_start = loop.time()
+            now_wall = loop.time()
+            start_wall = now_wall
+            if self._virtual_wall is not None and now_wall - self._virtual_wall < MAX_CATCH_UP_S:
+                start_wall = self._virtual_wall
+            outcome = self.core.step(self._modelled(start_wall))
+            if outcome is None:
+                self._virtual_wall = None
+                await asyncio.sleep(0.001)
+                continue
+            end_wall = self._served(outcome.end_s)
+            delay = end_wall - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # let request handlers run between back-to-back steps
+            self._virtual_wall = end_wall
+            self._deliver(outcome, start_wall)
+            self.timing.record(period_start, end_wall - self._served(outcome.start_s), end_wall, loop.time())
+
+    def _deliver(self, outcome: StepOutcome, start_wall: float) -> None:
+        now_wall = self._loop_time
+        m = self.metrics
+        for req in outcome.admitted:
+            stream = self._streams.get(req.request_id)
+            if stream is not None and req.num_preemptions == 0:
+                m.queue_time.observe(max(0.0, start_wall - stream.arrival_wall))
+        token_str = self.tokenizer.token_str
+        for req, token in outcome.tokens:
+            stream = self._streams.get(req.request_id)
+            if stream is None or stream.finish_reason is not None:
+                continue
+            if stream.last_token_wall is None:
+                m.time_to_first_token.observe(now_wall - stream.arrival_wall)
+            else:
+                m.inter_token_latency.observe(now_wall - stream.last_token_wall)
+            stream.last_token_wall = now_wall
+            stream.num_tokens += 1
+            piece = token_str(token)
+            if stream.stops and self._hit_stop(stream, piece):
+                self.core.abort(req.request_id, outcome.end_s)
+                self._end(stream, FinishReason.STOP, outcome.end_s)
+                continue
+            stream.text += piece
+            stream.event.set()
+        for req in outcome.finished:
+            stream = self._streams.get(req.request_id)
+            if stream is not None and req.finish_reason is not None:
+                self._end(stream, req.finish_reason, outcome.end_s)
+
+    @staticmethod
+    def _hit_stop(stream: _Stream, piece: str) -> bool:
+        window_start = max(0, len(stream.text) - max(map(len, stream.stops)))
+        candidate = stream.text[window_start:] + piece
+        for stop in stream.stops:
+            at = candidate.find(stop)
+            if at >= 0:
+                stream.text = stream.text[:window_start] + candidate[:at]
+                stream.stop_reason = stop
+                return True
+        return False
+
+    def _end(self, stream: _Stream, reason: FinishReason, modelled_now: float) -> None:
+        """Record the end of a request (once) and wake its handler."""
+        if stream.finish_reason is not None:
+            return
+        req = stream.request
+        if reason is FinishReason.ABORT:
+            self.core.abort(req.request_id, modelled_now)
+        stream.finish_reason = reason.value
+        m = self.metrics
+        m.request_success[reason].inc()
+        m.e2e_latency.observe(self._loop_time - stream.arrival_wall)
+        m.prompt_tokens.observe(req.num_prompt_tokens)
+        m.generation_tokens.observe(stream.num_tokens)
+        self._streams.pop(req.request_id, None)
+        stream.event.set()
+
+    # --- generation -----------------------------------------------------------------------------------------
+    def _check_serving(self) -> None:
+        if self.draining:
+            raise ApiError(503, "the engine is shutting down")
+        if not self.loaded:
+            raise ApiError(503, "the model is still loading")
+
+    def _admit(self, prompt_ids: list[int], params: SamplingParams, stops: tuple[str, ...]) -> _Stream:
+        self._requests_seen += 1
+        crash_after = self.knobs.crash_after_requests
+        if crash_after is not None and self._requests_seen > crash_after:
+            asyncio.get_running_loop().create_task(self._crash())
+            raise ApiError(503, "the engine crashed")
+        if self.knobs.error_rate > 0 and self._rng.random() < self.knobs.error_rate:
+            raise ApiError(500, "simulated engine error (error_rate knob)")
+        wall = self._loop_time
+        request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        try:
+            req = self.core.add_request(request_id, prompt_ids, params, self._modelled(wall))
+        except EngineError as e:
+            raise ApiError(400, str(e), param="max_tokens" if "needs" in str(e) else None) from e
+        stream = _Stream(req, stops, wall)
+        self._streams[request_id] = stream
+        self._wake.set()
+        return stream
+
+    async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
+        try:
+            self._check_serving()
+            body = await _json_body(request)
+            prompt_ids, params, stops = self._parse(body, kind)
+            stream_mode = _get(body, "stream", bool, False)
+            include_usage = bool((_get(body, "stream_options", dict, None) or {}).get("include_usage", False))
+            s = self._admit(prompt_ids, params, stops)
+        except ApiError as e:
+            return e.response()
+        created = int(time.time())
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        response_id = f"{prefix}-{uuid.uuid4().hex}"
+        try:
+            if stream_mode:
+                return await self._stream_response(request, s, kind, response_id, created, include_usage)
+            while s.finish_reason is None:
+                s.event.clear()
+                await s.event.wait()
+            return web.json_response(self._full_body(s, kind, response_id, created))
+        finally:
+            if s.finish_reason is None:  # client went away or the handler failed: free the engine's work
+                self._end(s, FinishReason.ABORT, self._modelled(self._loop_time))
+
+    def _usage(self, s: _Stream) -> dict[str, Any]:
+        prompt = s.request.num_prompt_tokens
+        return {
+            "prompt_tokens": prompt,
+            "total_tokens": prompt + s.num_tokens,
+            "completion_tokens": s.num_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.request.num_cached_tokens or 0},
+        }
+
+    def _full_body(self, s: _Stream, kind: str, response_id: str, created: int) -> dict[str, Any]:
+        if kind == "chat":
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": s.text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": s.finish_reason,
+                "stop_reason": s.stop_reason,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {
+                "index": 0,
+                "text": s.text,
+                "logprobs": None,
+                "finish_reason": s.finish_reason,
+                "stop_reason": s.stop_reason,
+                "prompt_logprobs": None,
+            }
+            obj = "text_completion"
+        return {
+            "id": response_id,
+            "object": obj,
+            "created": created,
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": self._usage(s),
+        }
+
+    def _chunk(
+        self, kind: str, response_id: str, created: int, text: str | None, finish: str | None, s: _Stream
+    ):
+        if kind == "chat":
+            delta: dict[str, Any] = {} if text is None else {"content": text}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        if finish is not None:
+            choice["stop_reason"] = s.stop_reason
+        return {
+            "id": response_id,
+            "object": obj,
+            "created": created,
+            "model": self.model_name,
+            "choices": [choice],
+        }
+
+    async def _stream_response(
+        self, request: web.Request, s: _Stream, kind: str, response_id: str, created: int, include_usage: bool
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        if kind == "chat":
+            first = self._chunk(kind, response_id, created, "", None, s)
+            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+            await resp.write(_sse(first))
+        sent = 0
+        try:
+            while True:
+                s.event.clear()
+                if len(s.text) > sent:
+                    piece = s.text[sent:]
+                    sent = len(s.text)
+                    await resp.write(_sse(self._chunk(kind, response_id, created, piece, None, s)))
+                    continue
+                if s.finish_reason is not None:
+                    break
+                await s.event.wait()
+            final = self._chunk(
+                kind, response_id, created, None if kind == "chat" else "", s.finish_reason, s
+            )
+            await resp.write(_sse(final))
+            if include_usage:
+                usage = {
+                    "id": response_id,
+                    "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                }
+                usage.update(created=created, model=self.model_name, choices=[], usage=self._usage(s))
+                await resp.write(_sse(usage))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:  # the client went away; the caller aborts the request
+            pass
+        return resp
+
+    def _parse(self, body: dict[str, Any], kind: str) -> tuple[list[int], SamplingParams, tuple[str, ...]]:
+        model = body.get("model")
+        if model is not None and model != self.model_name:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model", kind="NotFoundError")
+        n = _get(body, "n", int, 1)
+        if n != 1:
+            raise ApiError(400, f"only n=1 is supported, got n={n}", param="n")
+        if kind == "chat":
+            prompt_ids = self.tokenizer.encode(_chat_prompt(body.get("messages")))
+            max_tokens = _get(body, "max_completion_tokens", int, None)
+            if max_tokens is None:
+                max_tokens = _get(body, "max_tokens", int, None)
+            if max_tokens is None:  # vLLM: whatever the context window leaves
+                max_tokens = max(1, self.core.config.max_model_len - len(prompt_ids))
+        else:
+            prompt_ids = self._completion_prompt(body.get("prompt"))
+            max_tokens = _get(body, "max_tokens", int, None)
+            if max_tokens is None:
+                max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+        if not prompt_ids:
+            raise ApiError(400, "the prompt is empty", param="prompt" if kind != "chat" else "messages")
+        limit = self.core.config.max_model_len
+        if len(prompt_ids) >= limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                f"{len(prompt_ids)} tokens. Please reduce the length of the prompt.",
+                param="messages" if kind == "chat" else "prompt",
+            )
+        if max_tokens < 1:
+            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+        if len(prompt_ids) + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, {max_tokens} in the "
+                f"completion). Please reduce the length of the prompt or completion.",
+                param="max_tokens",
+            )
+        min_tokens = _get(body, "min_tokens", int, 0)
+        if not 0 <= min_tokens <= max_tokens:
+            raise ApiError(
+                400, f"min_tokens must be between 0 and max_tokens, got {min_tokens}", param="min_tokens"
+            )
+        stop = body.get("stop")
+        if stop is None:
+            stops: tuple[str, ...] = ()
+        elif isinstance(stop, str):
+            stops = (stop,) if stop else ()
+        elif isinstance(stop, list) and all(isinstance(x, str) for x in stop):
+            stops = tuple(x for x in stop if x)
+        else:
+            raise ApiError(400, "stop must be a string or a list of strings", param="stop")
+        for key in ("temperature", "top_p"):
+            if key in body and body[key] is not None and not isinstance(body[key], int | float):
+                raise ApiError(400, f"{key} must be a number", param=key)
+        ignore_eos = _get(body, "ignore_eos", bool, False)
+        return prompt_ids, SamplingParams(max_tokens, min_tokens, ignore_eos), stops
+
+    def _completion_prompt(self, prompt: Any) -> list[int]:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
+            vocab = self.tokenizer.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise ApiError(400, f"token id {bad[0]} is out of vocabulary (size {vocab})", param="prompt")
+            return list(prompt)
+        if isinstance(prompt, list) and len(prompt) > 1:
+            raise ApiError(
+                400, "batched prompts are not supported; send one prompt per request", param="prompt"
+            )
+        raise ApiError(400, "prompt must be a string or a list of token ids", param="prompt")
+
+    # --- handlers -------------------------------------------------------------------------------------------
+    async def handle_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "completion")
+
+    async def handle_chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, "chat")
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "vllm",
+            "root": self.deployment.model.hf_id,
+            "parent": None,
+            "max_model_len": self.core.config.max_model_len,
+            "permission": [],
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        try:
+            self._check_serving()
+        except ApiError as e:
+            return e.response()
+        return web.Response(status=200)
+
+    async def handle_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VLLM_VERSION})
+
+    async def handle_tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            if "messages" in body:
+                text = _chat_prompt(body["messages"])
+            elif isinstance(body.get("prompt"), str):
+                text = body["prompt"]
+            else:
+                raise ApiError(400, "give either prompt (a string) or messages", param="prompt")
+        except ApiError as e:
+            return e.response()
+        ids = self.tokenizer.encode(text)
+        token_strs = [self.tokenizer.token_str(t) for t in ids] if body.get("return_token_strs") else None
+        return web.json_response(
+            {
+                "count": len(ids),
+                "max_model_len": self.core.config.max_model_len,
+                "tokens": ids,
+                "token_strs": token_strs,
+            }
+        )
+
+    async def handle_detokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            tokens = body.get("tokens")
+            if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in tokens
+            ):
+                raise ApiError(400, "tokens must be a list of integers", param="tokens")
+        except ApiError as e:
+            return e.response()
+        return web.json_response({"prompt": self.tokenizer.decode(tokens)})
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        payload = generate_latest(self.metrics.registry)
+        return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def handle_server_info(self, request: web.Request) -> web.Response:
+        d, cfg = self.deployment, self.core.config
+        # No model_path / tokenizer_path, on purpose: given one, sglang-router tries to download that tokenizer
+        # from the Hugging Face hub (traffic off this machine); without, it routes on text, which is all it needs.
+        info = {
+            "served_model_name": self.model_name,
+            "model": d.model.hf_id,
+            "tp_size": d.tp,
+            "dp_size": 1,
+            "page_size": cfg.block_size,
+            "context_length": cfg.max_model_len,
+            "max_running_requests": cfg.max_num_seqs,
+            "max_total_num_tokens": cfg.num_gpu_blocks * cfg.block_size,
+            "chunked_prefill_size": cfg.max_num_batched_tokens,
+            "version": VLLM_VERSION,
+            "internal_states": [{"last_gen_throughput": 0.0, "load": self._load()}],
+        }
+        return web.json_response(info)
+
+    async def handle_model_info(self, request: web.Request) -> web.Response:
+        # See handle_server_info for why there is no model_path / tokenizer_path.
+        return web.json_response({"is_generation": True, "served_model_name": self.model_name})
+
+    def _load(self) -> int:
+        """Tokens the engine holds or still has to compute (SGLang reports its token usage as load)."""
+        return sum(r.num_tokens for r in self.core.running) + sum(r.num_tokens for r in self.core.waiting)
+
+    async def handle_load(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": self.core.num_running + self.core.num_waiting,
+                    "num_waiting_reqs": self.core.num_waiting,
+                    "num_tokens": self._load(),
+                }
+            ]
+        )
+
+    async def handle_flush_cache(self, request: web.Request) -> web.Response:
+        self.core.pool.evict_unreferenced()
+        return web.Response(text="Cache flushed.\n")
+
+    async def handle_stats(self, request: web.Request) -> web.Response:
+        t = self.timing
+        return web.json_response(
+            {
+                "steps": t.steps,
+                "nominal_s": t.nominal_s,
+                "busy_s": t.busy_s,
+                "drift": t.drift,
+                "mean_jitter_s": t.mean_jitter_s,
+                "generation_tokens": self.core.generation_tokens,
+                "time_scale": self.options.time_scale,
+            }
+        )
+
+    async def handle_get_config(self, request: web.Request) -> web.Response:
+        return web.json_response(asdict(self.knobs))
+
+    async def handle_set_config(self, request: web.Request) -> web.Response:
+        try:
+            body = await _json_body(request)
+            known = {f.name for f in fields(FaultKnobs)}
+            unknown = sorted(set(body) - known)
+            if unknown:
+                raise ApiError(400, f"unknown knob(s) {unknown}; known: {sorted(known)}", param=unknown[0])
+            try:
+                knobs = replace(self.knobs, **body).validated()
+            except (TypeError, ValueError) as e:
+                raise ApiError(400, str(e)) from e
+        except ApiError as e:
+            return e.response()
+        self.knobs = knobs
+        log.info("engine %s on %s: knobs now %s", self.model_name, self.url, asdict(knobs))
+        return web.json_response(asdict(self.knobs))
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _get(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise ApiError(400, f"{key} must be of type {kind.__name__}, got {json.dumps(value)[:40]}", param=key)
+    return value
+
+
+def _chat_prompt(messages: Any) -> str:
+    """A plain chat template: `<|role|>` headers, then the generation prompt for the assistant."""
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", param="messages")
+    parts = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ApiError(400, f"messages[{i}] must be an object with a role", param="messages")
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = "".join(
+                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            )
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise ApiError(
+                400, f"messages[{i}].content must be a string or a list of parts", param="messages"
+            )
+        parts.append(f"<|{message['role']}|>\n{content}\n")
+    parts.append("<|assistant|>\n")
+    return "".join(parts)

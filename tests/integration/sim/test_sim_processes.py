@@ -1,0 +1,106 @@
+"""The engine as a process: `serve` stops cleanly on SIGTERM; `sglang-router` routes to sim engines."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from tests.integration.sim.conftest import eventually, scrape
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_healthy(
+    session: aiohttp.ClientSession, url: str, proc: subprocess.Popen, path="/health"
+) -> None:
+    async def up():
+        assert proc.poll() is None, f"{proc.args} exited with {proc.returncode}"
+        try:
+            async with session.get(url + path) as r:
+                return r.status == 200
+        except aiohttp.ClientConnectionError:
+            return False
+
+    await eventually(up, timeout_s=30.0, every_s=0.1)
+
+
+async def test_serve_answers_and_stops_cleanly_on_sigterm():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenyard.sim", "serve", "--port", str(port), "--time-scale", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_healthy(session, url, proc)
+            async with session.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as r:
+                assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_sglang_router_cache_aware_policy_routes_repeated_prefixes_to_the_same_engine(
+    start_engine, tmp_path
+):
+    pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
+    engines = [await start_engine(time_scale=0.05, served_model_name="sim-llama") for _ in range(2)]
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_PROXY": "*"}
+    router = subprocess.Popen(
+        [
+            sys.executable, "-m", "sglang_router.launch_router",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", *[e.url for e in engines],
+            "--policy", "cache_aware",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+            "--log-level", "info",
+        ],
+        stdout=(tmp_path / "router.log").open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_healthy(session, url, router)
+            families = [
+                f"family {k}: " + f"context of family {k} " * 150 for k in range(3)
+            ]  # odd: round robin would miss
+            cached = []
+            for _round in range(3):
+                for prefix in families:
+                    body = {"model": "sim-llama", "prompt": prefix + f"question {_round}", "max_tokens": 2}
+                    async with session.post(url + "/v1/completions", json=body) as r:
+                        assert r.status == 200, await r.text()
+                        cached.append((await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"])
+            per_engine = [await scrape(session, e.url) for e in engines]
+    finally:
+        router.send_signal(signal.SIGTERM)
+        try:
+            router.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            router.kill()
+            router.wait()
+    # the engine gives the router no tokenizer to fetch, so it never reaches for the Hugging Face hub
+    assert "huggingface" not in (tmp_path / "router.log").read_text().lower()
+    # after the first round every family was routed back to the engine that holds its prefix
+    assert all(c >= 576 for c in cached[len(families) :]), cached  # prompts of ~605 tokens
+    hits = sum(m["vllm:prefix_cache_hits_total"] for m in per_engine)
+    queries = sum(m["vllm:prefix_cache_queries_total"] for m in per_engine)
+    assert hits / queries > 0.6
