@@ -179,6 +179,15 @@ def test_spread_uses_the_emptiest_domains_best_fit_packs():
     assert {placed(result).nodes for result in results.values()} == {("n0",)}
 
 
+def test_spread_puts_multi_node_groups_in_different_racks_best_fit_in_one():
+    def racks_used(strategy):
+        groups = [GroupRequest(f"g{i}", 2, 8, preferred_level="rack", strategy=strategy) for i in range(2)]
+        return [placed(result).domains["rack"] for result in plan(two_racks(), groups).results.values()]
+
+    assert sorted(racks_used("spread")) == ["r0", "r1"]
+    assert len(set(racks_used("best-fit"))) == 1
+
+
 def test_nodes_without_topology_labels_are_domains_of_their_own():
     nodes = [gpu_node("bare0", None, None, zone=None), gpu_node("bare1", None, None, zone=None)]
     refused(plan(nodes, [GroupRequest("g", 2, 8, required_level="nvlink")]).results["g"])

@@ -109,7 +109,7 @@ def fits(group: GroupRequest, nodes: list[Node], free: dict[str, int]) -> bool:
     return any(count >= group.pods for count in slots.values())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(nodes=clusters(), groups=st.lists(requests, min_size=1, max_size=6), largest_first=st.booleans())
 def test_every_plan_is_valid(nodes, groups, largest_first):
     groups = keyed(groups)
@@ -169,8 +169,10 @@ def test_placing_and_releasing_in_any_order_returns_to_the_start(nodes, groups, 
         if isinstance(result, Assignment):
             placed.append(result)
         assert all(free >= 0 for free in planner.free_gpus().values())
+        planner.verify_index()
     for assignment in data.draw(st.permutations(placed)):
         planner.release(assignment)
+        planner.verify_index()
     assert planner.free_gpus() == start
 
 
