@@ -6,14 +6,16 @@ test asks for it, in a temporary folder on free ports, and every process it star
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
-
 from tokenyard.devcluster.binaries import ensure_binaries
 from tokenyard.devcluster.cluster import DevCluster
 
@@ -93,3 +95,51 @@ def namespace(devcluster, kube_api):
     wait_for(lambda: core.read_namespaced_service_account("default", name), what=f"default ServiceAccount in {name}")
     yield name
     core.delete_namespace(name)
+
+
+class ManagedProcess:
+    """A `python -m tokenyard.<component>` child process with its log in a file, stopped by its pid."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.args, self.log_path, self.env = args, log_path, env or {}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ManagedProcess:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
+        )
+        log.close()
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+OPERATOR_ENV = {"TOKENYARD_RESYNC_SECONDS": "2", "TOKENYARD_BIND_TIMEOUT_SECONDS": "5"}
+
+
+def operator_process(kubeconfig: Path, log_path: Path, *extra: str, env: dict[str, str] | None = None) -> ManagedProcess:
+    args = ["tokenyard.operator", "--kubeconfig", str(kubeconfig), "--metrics-port", "0", *extra]
+    return ManagedProcess(args, log_path, {**OPERATOR_ENV, **(env or {})})
+
+
+def sim_pods_process(kubeconfig: Path, log_path: Path, time_scale: float = 0.05) -> ManagedProcess:
+    args = ["tokenyard.sim", "pods", "--kubeconfig", str(kubeconfig), "--time-scale", str(time_scale)]
+    return ManagedProcess(args, log_path)

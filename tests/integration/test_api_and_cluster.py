@@ -10,10 +10,10 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-
-from tests.integration.conftest import wait_for
 from tokenyard.core import labels
 from tokenyard.devcluster.topology import Topology
+
+from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 

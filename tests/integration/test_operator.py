@@ -2,55 +2,23 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-
-from tests.integration.conftest import wait_for
 from tokenyard.core import labels
+
+from tests.integration.conftest import operator_process, wait_for
 
 pytestmark = pytest.mark.integration
 
 GROUP, VERSION, PLURAL = labels.GROUP, labels.VERSION, "modeldeployments"
 
 
-class OperatorProcess:
-    """`python -m tokenyard.operator` as a child process, stopped by its pid."""
-
-    def __init__(self, kubeconfig, log_path):
-        self.kubeconfig, self.log_path = kubeconfig, log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self):
-        env = {**os.environ, "TOKENYARD_RESYNC_SECONDS": "2", "TOKENYARD_BIND_TIMEOUT_SECONDS": "5"}
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tokenyard.operator", "--kubeconfig", str(self.kubeconfig), "--metrics-port", "0"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        log.close()
-
-    def stop(self, sig=signal.SIGTERM):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def operator(devcluster, tmp_path_factory):
-    op = OperatorProcess(devcluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
-    op.start()
+    op = operator_process(devcluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log").start()
     yield op
     op.stop()
 
@@ -164,7 +132,6 @@ def test_revision_update_rolls_groups_with_surge_and_never_drops_capacity(operat
     def rolled():
         nonlocal min_ready_seen, max_groups_seen
         obj = get(apis, namespace, "roll")
-        groups = obj.get("status", {}).get("groups", [])
         leaders = engine_pods(apis, namespace, "roll", **{labels.ROLE: "leader"})
         ready = [p for p in leaders if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
         min_ready_seen = min(min_ready_seen, len(ready))

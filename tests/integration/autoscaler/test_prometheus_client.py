@@ -1,0 +1,203 @@
+"""The Prometheus client over real sockets: a fake Prometheus API for failure modes, and Debian's real
+Prometheus scraping a small exporter of vLLM-named metrics, stopped mid-test."""
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
+from tokenyard.autoscaler.policy import SignalKind
+from tokenyard.autoscaler.prometheus import PrometheusClient, signal_query
+
+pytestmark = pytest.mark.integration
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- a fake of the API, for the failure modes a real Prometheus rarely shows on demand -------------------
+@pytest.fixture
+async def fake_prometheus():
+    behaviour = {"mode": "ok"}
+
+    async def query(request: web.Request) -> web.Response:
+        mode = behaviour["mode"]
+        if mode == "slow":
+            await asyncio.sleep(2)
+        if mode == "500":
+            return web.Response(status=500, text="internal error")
+        if mode == "error":
+            return web.json_response(
+                {"status": "error", "errorType": "bad_data", "error": "parse error"}, status=400
+            )
+        if mode == "empty":
+            return web.json_response({"status": "success", "data": {"resultType": "vector", "result": []}})
+        value = {
+            "status": "success",
+            "data": {"resultType": "vector", "result": [{"metric": {}, "value": [time.time(), "42"]}]},
+        }
+        return web.json_response(value)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}", behaviour
+    await runner.cleanup()
+
+
+async def test_every_failure_is_no_data_with_its_reason(fake_prometheus):
+    url, behaviour = fake_prometheus
+    prom = PrometheusClient(url, timeout_s=0.5)
+    try:
+        assert (await prom.query("up")).value == 42.0
+        expectations = {"slow": "timed out", "500": "not JSON", "error": "bad_data", "empty": "empty result"}
+        for mode, reason in expectations.items():
+            behaviour["mode"] = mode
+            reading = await prom.query("up")
+            assert reading.value is None and reason in reading.problem, (mode, reading)
+    finally:
+        await prom.close()
+    closed = PrometheusClient(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
+    try:
+        reading = await closed.query("up")
+        assert reading.value is None and "unreachable" in reading.problem
+    finally:
+        await closed.close()
+
+
+# ---- the real Prometheus ---------------------------------------------------------------------------------------
+@pytest.fixture
+async def vllm_exporter():
+    """A tiny exporter with vLLM's metric names, served in the classic text format whatever the Accept header:
+    Prometheus 2.42 asks for OpenMetrics first, and prometheus_client 0.26's OpenMetrics output rewrites the
+    colons of vLLM's names to underscores."""
+    registry = CollectorRegistry()
+    waiting = Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=registry)
+    kv = Gauge("vllm:kv_cache_usage_perc", "kv", ["model_name"], registry=registry)
+    prompt = Histogram(
+        "vllm:request_prompt_tokens", "prompt", ["model_name"], registry=registry, buckets=(100, 1000, 10000)
+    )
+    ttft = Histogram(
+        "vllm:time_to_first_token_seconds",
+        "ttft",
+        ["model_name"],
+        registry=registry,
+        buckets=(0.1, 0.5, 1.0, 2.5),
+    )
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    yield port, waiting.labels("llama"), kv.labels("llama"), prompt.labels("llama"), ttft.labels("llama")
+    await runner.cleanup()
+
+
+@pytest.fixture
+def real_prometheus(tmp_path, vllm_exporter):
+    if not shutil.which(PROMETHEUS):
+        pytest.skip("Debian's prometheus package is not installed")
+    exporter_port = vllm_exporter[0]
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n"
+        "  - job_name: engines\n"
+        "    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{exporter_port}']\n"
+        "        labels: {namespace: team-a, model_deployment: llama}\n"
+    )
+    process = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    yield f"http://127.0.0.1:{port}", process, vllm_exporter
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await predicate()
+        if last:
+            return last
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+async def test_default_queries_against_a_real_prometheus_then_it_stops(real_prometheus):
+    url, process, (_, waiting, kv, prompt, ttft) = real_prometheus
+    waiting.set(3)
+    kv.set(0.5)
+    for _ in range(10):
+        prompt.observe(800)
+        ttft.observe(0.3)
+    prom = PrometheusClient(url, timeout_s=2)
+    try:
+        waiting_q = signal_query(SignalKind.WAITING_REQUESTS, "team-a", "llama")
+        kv_q = signal_query(SignalKind.KV_CACHE_USAGE, "team-a", "llama")
+
+        async def scraped():
+            r = await prom.query(waiting_q)
+            return r if r.ok else None
+
+        reading = await wait_for(scraped, 30, "Prometheus to scrape the exporter")
+        assert reading.value == 3.0
+        assert (await prom.query(kv_q)).value == 0.5
+        # Another target's series do not exist: no data, not zero.
+        other = await prom.query(signal_query(SignalKind.WAITING_REQUESTS, "team-a", "other"))
+        assert other.value is None and "empty result" in other.problem
+        # The TTFT and queued-token defaults are valid PromQL and give numbers once rates exist.
+        for _ in range(10):
+            prompt.observe(800)
+            ttft.observe(0.3)
+
+        async def rated():
+            t = await prom.query(signal_query(SignalKind.TTFT_P95, "team-a", "llama"))
+            q = await prom.query(signal_query(SignalKind.QUEUED_TOKENS, "team-a", "llama"))
+            assert "bad_data" not in t.problem + q.problem, (t, q)
+            return (t, q) if t.ok and q.ok else None
+
+        t, q = await wait_for(rated, 30, "rates over the scraped histograms")
+        assert 0 <= t.value <= 2.5 and q.value >= 0
+
+        process.terminate()  # Prometheus stops mid-test: unreachable is no data, never zero
+        process.wait(timeout=10)
+        gone = await prom.query(waiting_q)
+        assert gone.value is None and "unreachable" in gone.problem
+    finally:
+        await prom.close()
