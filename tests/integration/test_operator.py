@@ -225,7 +225,13 @@ def command(apis, ns, name, kind):
 CANARY = {"strategy": "Canary", "drainSeconds": 1, "steps": [{"setWeight": 50}, {"pause": {}}]}
 
 
-def test_canary_waits_for_promote_then_moves_traffic_and_drains_the_old_revision(operator, apis, namespace):
+def plugin(devcluster, namespace, *args):
+    from tokenyard.operator import kubectl_plugin
+
+    return kubectl_plugin.main(["--kubeconfig", str(devcluster.kubeconfig), "-n", namespace, "rollout", *args])
+
+
+def test_canary_waits_for_promote_then_moves_traffic_and_drains_the_old_revision(operator, apis, devcluster, namespace):
     apis[0].create_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, mdep("can", tensor=1, replicas=2, rollout=CANARY)
     )
@@ -249,7 +255,7 @@ def test_canary_waits_for_promote_then_moves_traffic_and_drains_the_old_revision
     assert by_revision[stable] == 2, "the stable revision lost capacity before promotion"
     assert by_revision[canary] == 1
 
-    command(apis, namespace, "can", "promote")
+    assert plugin(devcluster, namespace, "promote", "can") == 0
 
     def healthy():
         obj = get(apis, namespace, "can")
@@ -265,6 +271,11 @@ def test_canary_waits_for_promote_then_moves_traffic_and_drains_the_old_revision
 
     obj = wait_for(healthy, timeout=90, what="promotion and the old revision drained")
     assert {t["revision"]: t["weight"] for t in obj["status"]["traffic"]}[canary] == 100
+
+    # `kubectl tokenyard rollout undo` rolls the previous revision out again, as a new canary.
+    assert plugin(devcluster, namespace, "undo", "can") == 0
+    wait_for(lambda: rollout_of(apis, namespace, "can").get("canaryRevision") == stable, timeout=30,
+             what="the previous revision rolled out again")
 
 
 def test_abort_rolls_back_at_once_and_keeps_the_stable_groups(operator, apis, namespace):
