@@ -1,9 +1,10 @@
 """The Helm chart installed into the local control plane: every object is admitted by a real kube-apiserver
 (schemas, RBAC, the peering object against its CRD), the operator's ServiceAccount gets exactly the access the
-chart means to give, and an uninstall removes the cluster-scoped objects too.
+chart means to give, the real operator works with nothing more than that access, and an uninstall removes the
+cluster-scoped objects too.
 
 The session fixture has applied charts/tokenyard/crds already, hence --skip-crds. The pods run no real image
-(nothing pulls here); only the objects are checked.
+(nothing pulls here); the operator itself runs as a local process with the chart's ServiceAccount token.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import subprocess
 import uuid
 
 import pytest
+import yaml
+from kubernetes import client
+from tokenyard.core import labels
 from tokenyard.devcluster.binaries import BinaryError, ensure_binaries
 
-from tests.integration.conftest import ROOT, wait_for
+from tests.integration.conftest import ROOT, operator_process, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -38,14 +42,23 @@ def helm(binary, kubeconfig, *args: str) -> subprocess.CompletedProcess:
     return result
 
 
-def test_chart_installs_with_least_privilege_and_uninstalls_cleanly(helm_binary, devcluster, kubectl, namespace):
+def test_chart_installs_with_least_privilege_and_uninstalls_cleanly(
+    helm_binary, devcluster, kubectl, namespace
+):
     release = f"ty-{uuid.uuid4().hex[:6]}"
     peering = f"{release}-peering"  # cluster-scoped: unique per test run
     helm(
-        helm_binary, devcluster.kubeconfig,
-        "install", release, str(CHART), "--namespace", namespace, "--skip-crds",
-        "--set", f"operator.peering.name={peering}",
-    )  # fmt: skip
+        helm_binary,
+        devcluster.kubeconfig,
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--skip-crds",
+        "--set",
+        f"operator.peering.name={peering}",
+    )
     try:
         operator = f"{release}-operator"
         for kind, name in [
@@ -64,12 +77,25 @@ def test_chart_installs_with_least_privilege_and_uninstalls_cleanly(helm_binary,
         # The StatefulSet controller makes both peers, each with its ordinal label (the priority's source).
         def pod_indices():
             out = kubectl.run(
-                "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator",
-                "-o", "json",
-            ).stdout  # fmt: skip
-            return sorted(p["metadata"]["labels"].get("apps.kubernetes.io/pod-index", "") for p in json.loads(out)["items"])
+                "get",
+                "pods",
+                "-n",
+                namespace,
+                "-l",
+                f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator",
+                "-o",
+                "json",
+            ).stdout
+            return sorted(
+                p["metadata"]["labels"].get("apps.kubernetes.io/pod-index", "")
+                for p in json.loads(out)["items"]
+            )
 
-        wait_for(lambda: pod_indices() == ["0", "1"], timeout=60, what="operator pods with pod-index labels 0 and 1")
+        wait_for(
+            lambda: pod_indices() == ["0", "1"],
+            timeout=60,
+            what="operator pods with pod-index labels 0 and 1",
+        )
 
         account = f"system:serviceaccount:{namespace}:{operator}"
 
@@ -78,7 +104,9 @@ def test_chart_installs_with_least_privilege_and_uninstalls_cleanly(helm_binary,
             return result.stdout.strip() == "yes"
 
         assert can("create", "pods", "-n", "default") and can("delete", "services", "-n", "default")
-        assert can("watch", "nodes") and can("patch", "modeldeployments.tokenyard.dev/status", "-n", "default")
+        assert can("watch", "nodes") and can(
+            "patch", "modeldeployments.tokenyard.dev/status", "-n", "default"
+        )
         assert can("patch", f"clusterkopfpeerings.kopf.dev/{peering}")
         assert not can("patch", "clusterkopfpeerings.kopf.dev/someone-else")
         assert not can("get", "secrets", "-n", "default")
@@ -88,3 +116,90 @@ def test_chart_installs_with_least_privilege_and_uninstalls_cleanly(helm_binary,
         helm(helm_binary, devcluster.kubeconfig, "uninstall", release, "--namespace", namespace, "--wait")
     assert kubectl.run("get", "clusterrole", f"{release}-operator", check=False).returncode != 0
     assert kubectl.run("get", "clusterkopfpeering", peering, check=False).returncode != 0
+
+
+def test_the_operator_works_with_only_the_chart_rbac(helm_binary, devcluster, kubectl, namespace, tmp_path):
+    """Run the real operator (Kopf peering and all) with the token of the chart's ServiceAccount: a ModelDeployment
+    is reconciled, its status written, its deletion finalised, and nothing is refused along the way. Namespaced
+    (watchNamespaces) so that it never touches the ModelDeployments of other tests."""
+    release = f"ty-{uuid.uuid4().hex[:6]}"
+    peering = f"{release}-peering"
+    helm(
+        helm_binary,
+        devcluster.kubeconfig,
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--skip-crds",
+        "--set",
+        f"operator.peering.name={peering}",
+        "--set",
+        f"operator.watchNamespaces={{{namespace}}}",
+    )
+    operator = None
+    try:
+        kubectl.run("get", "kopfpeering", peering, "-n", namespace)
+        token = kubectl.run(
+            "create", "token", f"{release}-operator", "-n", namespace, "--duration=1h"
+        ).stdout.strip()
+        config = yaml.safe_load(devcluster.kubeconfig.read_text())
+        for user in config["users"]:
+            user["user"] = {"token": token}
+        sa_kubeconfig = tmp_path / "operator-sa.kubeconfig"
+        sa_kubeconfig.write_text(yaml.safe_dump(config))
+
+        log_path = tmp_path / "operator.log"
+        operator = operator_process(
+            sa_kubeconfig, log_path, "--namespace", namespace, "--peering", peering, "--priority", "100"
+        ).start()
+        custom = client.CustomObjectsApi(devcluster.api())
+        body = {
+            "apiVersion": labels.API_VERSION,
+            "kind": "ModelDeployment",
+            "metadata": {"name": "rbac"},
+            "spec": {
+                "model": {"weights": {"uri": "hf://org/rbac"}},
+                "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+                "parallelism": {"tensor": 2},
+                "replicas": 1,
+            },
+        }
+        custom.create_namespaced_custom_object(
+            labels.GROUP, labels.VERSION, namespace, "modeldeployments", body
+        )
+
+        def reconciled():
+            obj = custom.get_namespaced_custom_object(
+                labels.GROUP, labels.VERSION, namespace, "modeldeployments", "rbac"
+            )
+            status = obj.get("status", {})
+            return status.get("observedGeneration") == obj["metadata"]["generation"] and status.get("groups")
+
+        wait_for(reconciled, timeout=60, what=f"the ModelDeployment reconciled (operator log: {log_path})")
+        core = client.CoreV1Api(devcluster.api())
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{labels.MODEL_DEPLOYMENT}=rbac").items
+        assert pods, "the operator created no engine pods"
+
+        custom.delete_namespaced_custom_object(
+            labels.GROUP, labels.VERSION, namespace, "modeldeployments", "rbac"
+        )
+
+        def gone():
+            names = custom.list_namespaced_custom_object(
+                labels.GROUP, labels.VERSION, namespace, "modeldeployments"
+            )
+            return not names["items"]
+
+        wait_for(gone, timeout=60, what="the ModelDeployment's finalizer removed by the operator")
+        log = operator.log()
+        for refusal in ("Forbidden", "403", "Not enough permissions"):
+            assert refusal not in log, (
+                f"the operator was refused something ({refusal!r}); log:\n{log[-3000:]}"
+            )
+        assert operator.alive(), f"the operator exited; log:\n{log[-3000:]}"
+    finally:
+        if operator is not None:
+            operator.stop()
+        helm(helm_binary, devcluster.kubeconfig, "uninstall", release, "--namespace", namespace, "--wait")

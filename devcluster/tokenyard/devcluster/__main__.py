@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop every process the control plane started")
     sub.add_parser("status", help="print the state of the control plane as JSON")
     sub.add_parser("binaries", help="find or build the binaries and print where they are")
+    demo = sub.add_parser("demo", help="cluster, operator, simulated engines and router, with a few requests")
+    demo.add_argument("--once", action="store_true", help="exit after the walkthrough instead of waiting for Ctrl-C")
     args = parser.parse_args(argv)
 
     try:
@@ -55,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"control plane up in {time.monotonic() - started:.1f}s: {cluster.server}, {topology.describe()} GPU nodes")
             print(f"export KUBECONFIG={cluster.kubeconfig}")
             return 0
+        if args.command == "demo":
+            from tokenyard.devcluster.demo import run
+
+            return run(args.dir, once=args.once)
         cluster = DevCluster(args.dir)
         if args.command == "down":
             if not cluster.load():

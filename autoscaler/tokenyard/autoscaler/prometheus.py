@@ -1,0 +1,162 @@
+"""Reading signals from Prometheus: an async client of the HTTP API and the default PromQL per signal.
+
+Every failure -- Prometheus unreachable, a timeout, an HTTP or PromQL error, an empty result, a NaN --
+comes back as a reading with no value and the reason, never as zero: zero waiting requests means
+"scale down", and a dead Prometheus must not say that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from string import Template
+from typing import Any
+
+import aiohttp
+from tokenyard.autoscaler.policy import SignalKind
+
+# How the engine pods' Prometheus labels name the target. The scrape configuration (Kubernetes service
+# discovery) maps the pod's namespace to `namespace` and its `tokenyard.dev/model-deployment` label to
+# `model_deployment`; other targets (a plain Deployment, a LeaderWorkerSet) override the selector.
+DEFAULT_SELECTOR = 'namespace="$namespace",model_deployment="$target"'
+
+# vLLM's metric names (vllm/v1/metrics/loggers.py); `sim/` exports the same.
+# vLLM has no gauge of queued prompt tokens, so the default estimates it as the waiting requests times
+# the mean prompt length over the last 5 minutes; with no recent requests the mean is taken as 0
+# (clamp_min), so an idle target reads 0, while a target with no series at all reads "no data".
+_QUERIES: dict[SignalKind, str] = {
+    SignalKind.QUEUED_TOKENS: (
+        "sum(vllm:num_requests_waiting{$selector})"
+        " * (sum(rate(vllm:request_prompt_tokens_sum{$selector}[5m]))"
+        " / clamp_min(sum(rate(vllm:request_prompt_tokens_count{$selector}[5m])), 1))"
+    ),
+    SignalKind.WAITING_REQUESTS: "sum(vllm:num_requests_waiting{$selector})",
+    SignalKind.KV_CACHE_USAGE: "avg(vllm:kv_cache_usage_perc{$selector})",
+    # histogram_quantile gives NaN when no request finished its first token in the window; that is an
+    # idle engine, not missing data, so it reads 0 then (the `or` branch: the request rate times 0).
+    # A target with no series at all still gives an empty result.
+    SignalKind.TTFT_P95: (
+        "(histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{$selector}[1m])))"
+        " and on() (sum(rate(vllm:time_to_first_token_seconds_count{$selector}[1m])) > 0))"
+        " or on() (sum(rate(vllm:time_to_first_token_seconds_count{$selector}[1m])) * 0)"
+    ),
+}
+
+
+class QueryTemplateError(ValueError):
+    """A signal without a query, or a query that names an unknown $placeholder."""
+
+
+def signal_query(
+    kind: SignalKind,
+    namespace: str,
+    target: str,
+    override: str | None = None,
+    selector: str = DEFAULT_SELECTOR,
+) -> str:
+    """The PromQL for one signal of one target: the user's query if given, else the default.
+
+    ``$namespace``, ``$target`` and ``$selector`` are substituted in either.
+    """
+    template = override or _QUERIES.get(kind)
+    if template is None:
+        raise QueryTemplateError(f"signal kind {kind.value} has no default query; set spec.signals[].query")
+    values = {"namespace": namespace, "target": target}
+    values["selector"] = Template(selector).substitute(values)
+    try:
+        return Template(template).substitute(values)
+    except (KeyError, ValueError) as exc:
+        raise QueryTemplateError(
+            f"query {template!r}: unknown or malformed placeholder {exc}; use $namespace, $target or $selector"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One query's outcome: a value, or why there is none."""
+
+    value: float | None
+    problem: str = ""
+    sampled_at: float | None = None  # Prometheus's evaluation time (unix seconds)
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None
+
+
+def parse_query_response(http_status: int, body: Any, query: str) -> Reading:
+    """Turn an /api/v1/query response into a Reading (pure, so it is tested without a server)."""
+    if not isinstance(body, dict):
+        return Reading(None, f"HTTP {http_status}: response is not a JSON object")
+    if body.get("status") != "success":
+        error = body.get("error") or "no error message"
+        return Reading(None, f"HTTP {http_status}: {body.get('errorType', 'error')}: {error}")
+    data = body.get("data") or {}
+    result_type, result = data.get("resultType"), data.get("result")
+    if result_type == "scalar":
+        sample = result
+    elif result_type == "vector":
+        if not result:
+            return Reading(None, "empty result (no series match)")
+        if len(result) > 1:
+            return Reading(None, f"{len(result)} series, expected one: aggregate the query (sum, avg)")
+        sample = result[0].get("value")
+    else:
+        return Reading(None, f"result type {result_type!r}, expected a vector or scalar")
+    try:
+        at, raw = float(sample[0]), float(sample[1])
+    except (TypeError, ValueError, IndexError):
+        return Reading(None, f"malformed sample {sample!r}")
+    if not math.isfinite(raw):
+        return Reading(None, f"value is {raw}", at)
+    return Reading(raw, "", at)
+
+
+class PrometheusClient:
+    """A small async client of Prometheus's instant-query API. One per process; close() when done."""
+
+    def __init__(self, base_url: str, timeout_s: float = 5.0, session: aiohttp.ClientSession | None = None):
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"Prometheus URL must start with http:// or https://, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._session = session
+        self._own_session = session is None
+
+    async def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+            self._own_session = True
+        return self._session
+
+    async def query(self, promql: str, at: float | None = None) -> Reading:
+        url = f"{self.base_url}/api/v1/query"
+        params = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        session = await self._get_session()
+        try:
+            async with session.get(
+                url, params=params, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            ) as response:
+                try:
+                    body = await response.json(content_type=None)
+                except (aiohttp.ContentTypeError, ValueError):
+                    return Reading(None, f"HTTP {response.status} from {url}: body is not JSON")
+                return parse_query_response(response.status, body, promql)
+        except TimeoutError:
+            return Reading(None, f"Prometheus at {self.base_url} timed out after {self.timeout_s:g}s")
+        except aiohttp.ClientError as exc:
+            return Reading(
+                None, f"Prometheus at {self.base_url} unreachable: {exc.__class__.__name__}: {exc}"
+            )
+
+    async def query_many(self, queries: dict[str, str], at: float | None = None) -> dict[str, Reading]:
+        names = list(queries)
+        readings = await asyncio.gather(*(self.query(queries[n], at) for n in names))
+        return dict(zip(names, readings, strict=True))
+
+    async def close(self) -> None:
+        if self._own_session and self._session is not None:
+            await self._session.close()

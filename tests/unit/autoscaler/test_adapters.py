@@ -1,0 +1,359 @@
+"""The autoscaler's adapters without servers: PromQL building, response parsing, spec mapping, and the
+controller's pass against in-memory fakes of the Kubernetes API and Prometheus."""
+
+import asyncio
+import copy
+import math
+from datetime import UTC, datetime
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.rest import ApiException
+from prometheus_client import generate_latest
+from tokenyard.autoscaler.controller import (
+    AutoscalerController,
+    AutoscalerMetrics,
+    LeaseElector,
+    decision_conditions,
+    policy_config_from_spec,
+    target_counts,
+)
+from tokenyard.autoscaler.policy import Decision, Direction, SignalKind, SignalReading
+from tokenyard.autoscaler.prometheus import QueryTemplateError, Reading, parse_query_response, signal_query
+from tokenyard.core.types import InferenceAutoscalerSpec
+
+
+# ---- PromQL and responses ----------------------------------------------------------------------------------
+def test_default_queries_select_the_target_and_use_vllm_names():
+    q = signal_query(SignalKind.KV_CACHE_USAGE, "team-a", "llama")
+    assert q == 'avg(vllm:kv_cache_usage_perc{namespace="team-a",model_deployment="llama"})'
+    ttft = signal_query(SignalKind.TTFT_P95, "team-a", "llama")
+    assert "histogram_quantile(0.95" in ttft and "vllm:time_to_first_token_seconds_bucket" in ttft
+    assert "$" not in signal_query(SignalKind.QUEUED_TOKENS, "team-a", "llama")
+
+
+def test_an_override_query_is_substituted_and_a_bad_placeholder_is_named():
+    q = signal_query(SignalKind.PROMQL, "ns", "t", override='sum(my_queue{ns="$namespace",svc="$target"})')
+    assert q == 'sum(my_queue{ns="ns",svc="t"})'
+    with pytest.raises(QueryTemplateError, match=r"\$nope|nope"):
+        signal_query(SignalKind.PROMQL, "ns", "t", override='sum(x{a="$nope"})')
+    with pytest.raises(QueryTemplateError, match="no default query"):
+        signal_query(SignalKind.PROMQL, "ns", "t")
+
+
+@pytest.mark.parametrize(
+    "body, value, problem",
+    [
+        (
+            {
+                "status": "success",
+                "data": {"resultType": "vector", "result": [{"metric": {}, "value": [10, "3.5"]}]},
+            },
+            3.5,
+            "",
+        ),
+        ({"status": "success", "data": {"resultType": "scalar", "result": [10, "0"]}}, 0.0, ""),
+        ({"status": "success", "data": {"resultType": "vector", "result": []}}, None, "empty result"),
+        (
+            {"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, "NaN"]}]}},
+            None,
+            "nan",
+        ),
+        (
+            {
+                "status": "success",
+                "data": {"resultType": "vector", "result": [{"value": [1, "1"]}, {"value": [1, "2"]}]},
+            },
+            None,
+            "2 series",
+        ),
+        ({"status": "error", "errorType": "bad_data", "error": "parse error"}, None, "bad_data: parse error"),
+        ("<html>", None, "not a JSON object"),
+    ],
+)
+def test_responses_parse_to_a_value_or_a_reason_never_a_silent_zero(body, value, problem):
+    reading = parse_query_response(200, body, "q")
+    assert reading.value == value
+    assert problem.lower() in reading.problem.lower()
+    if value is None:
+        assert reading.problem
+
+
+# ---- spec mapping -----------------------------------------------------------------------------------------------
+SPEC = {
+    "scaleTargetRef": {"apiVersion": "tokenyard.dev/v1alpha1", "kind": "ModelDeployment", "name": "llama"},
+    "minReplicas": 1,
+    "maxReplicas": 8,
+    "intervalSeconds": 1,
+    "signals": [{"kind": "KVCacheUsage", "target": 0.7}, {"kind": "QueuedTokens", "target": 2000}],
+    "scaleDown": {"maxGroups": 1, "periodSeconds": 60, "stabilizationWindowSeconds": 0},
+}
+
+
+def test_spec_maps_onto_the_policy_configuration():
+    cfg = policy_config_from_spec(InferenceAutoscalerSpec.parse(SPEC))
+    assert [(s.name, s.kind, s.target) for s in cfg.signals] == [
+        ("KVCacheUsage", SignalKind.KV_CACHE_USAGE, 0.7),
+        ("QueuedTokens", SignalKind.QUEUED_TOKENS, 2000),
+    ]
+    assert (cfg.min_groups, cfg.max_groups, cfg.scale_down_limit.groups) == (1, 8, 1)
+
+
+def test_target_counts_read_ready_groups_and_a_full_cluster():
+    counts = target_counts(
+        {"spec": {"replicas": 5}},
+        {"status": {"readyReplicas": 3, "conditions": [{"type": "InsufficientCapacity", "status": "True"}]}},
+    )
+    assert (counts.current, counts.ready, counts.pending, counts.insufficient_capacity) == (5, 3, 2, True)
+
+
+def test_conditions_keep_their_transition_time_while_unchanged():
+    hold = Decision(
+        3,
+        Direction.HOLD,
+        "no data",
+        "NoData",
+        (SignalReading("kv", None, None, "empty result"),),
+        missing_data=True,
+    )
+    first = decision_conditions([], hold, "2026-01-01T00:00:00Z", 1)
+    again = decision_conditions(first, hold, "2026-01-01T00:05:00Z", 1)
+    active = next(c for c in again if c["type"] == "ScalingActive")
+    assert active["status"] == "False" and active["reason"] == "MissingData"
+    assert active["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert "kv: empty result" in active["message"]
+
+
+# ---- the controller's pass, against fakes ------------------------------------------------------------------
+class FakeCustomObjects:
+    def __init__(self, autoscalers, targets):
+        self.autoscalers = autoscalers
+        self.targets = targets  # name -> {"replicas": n, "ready": r}
+        self.scale_writes = []
+        self.status_writes = []
+
+    async def list_cluster_custom_object(self, group, version, plural):
+        return {"items": copy.deepcopy(self.autoscalers)}
+
+    async def get_namespaced_custom_object_scale(self, group, version, namespace, plural, name):
+        if name not in self.targets:
+            raise ApiException(status=404, reason="Not Found")
+        return {"spec": {"replicas": self.targets[name]["replicas"]}}
+
+    async def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        return {"status": {"readyReplicas": self.targets[name]["ready"]}}
+
+    async def patch_namespaced_custom_object_scale(self, group, version, namespace, plural, name, body, **kw):
+        self.scale_writes.append((name, body["spec"]["replicas"]))
+        self.targets[name]["replicas"] = body["spec"]["replicas"]
+
+    async def patch_namespaced_custom_object_status(
+        self, group, version, namespace, plural, name, body, **kw
+    ):
+        self.status_writes.append((name, body["status"]))
+
+
+class FakeCore:
+    def __init__(self):
+        self.events = []
+
+    async def create_namespaced_event(self, namespace, body):
+        self.events.append((body["reason"], body["type"], body["message"]))
+
+
+class FakePrometheus:
+    def __init__(self, values):
+        self.values = values  # signal name -> value or None
+
+    async def query_many(self, queries, at=None):
+        out = {}
+        for name in queries:
+            v = self.values.get(name)
+            out[name] = Reading(v, "" if v is not None else "Prometheus unreachable")
+        return out
+
+
+class FakeElector:
+    identity = "test"
+
+    async def ensure_leader(self):
+        return True
+
+    async def release(self):
+        pass
+
+
+def autoscaler(name, target, mode="Auto"):
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "generation": 1},
+        "spec": {**SPEC, "scaleTargetRef": {**SPEC["scaleTargetRef"], "name": target}, "mode": mode},
+    }
+
+
+def make_controller(autoscalers, targets, values, clock):
+    controller = AutoscalerController(
+        client.ApiClient(), FakePrometheus(values), metrics=AutoscalerMetrics(), clock=clock
+    )
+    controller.custom = FakeCustomObjects(autoscalers, targets)
+    controller.core = FakeCore()
+    controller.elector = FakeElector()
+    return controller
+
+
+async def passes(controller, clock_box, seconds, step=1.0):
+    for _ in range(int(seconds / step)):
+        await controller.reconcile_all()
+        clock_box[0] += step
+
+
+async def test_auto_mode_scales_up_writes_status_and_an_event():
+    clock = [1000.0]
+    c = make_controller(
+        [autoscaler("a", "llama")],
+        {"llama": {"replicas": 2, "ready": 2}},
+        {"KVCacheUsage": 0.98, "QueuedTokens": 0.0},
+        lambda: clock[0],
+    )
+    await passes(c, clock, 5)
+    assert c.custom.scale_writes and c.custom.scale_writes[0] == ("llama", 3)  # ceil(2 x 0.98 / 0.7)
+    status = c.custom.status_writes[-1][1]
+    assert status["currentReplicas"] >= 2 and status["lastDecision"]["direction"] in ("Up", "Hold")
+    assert any(reason == "SuccessfulRescale" for reason, _, _ in c.core.events)
+    text = generate_latest(c.metrics.registry).decode()
+    assert 'tokenyard_autoscaler_scale_actions_total{autoscaler="a",direction="Up",namespace="ns"}' in text
+
+
+async def test_recommend_only_never_writes_the_scale():
+    clock = [1000.0]
+    c = make_controller(
+        [autoscaler("a", "llama", mode="RecommendOnly")],
+        {"llama": {"replicas": 2, "ready": 2}},
+        {"KVCacheUsage": 0.98, "QueuedTokens": 0.0},
+        lambda: clock[0],
+    )
+    await passes(c, clock, 5)
+    assert c.custom.scale_writes == []
+    assert c.custom.status_writes[-1][1]["desiredReplicas"] == 3
+    assert any(reason == "Recommendation" for reason, _, _ in c.core.events)
+
+
+async def test_prometheus_down_holds_and_says_so_once():
+    clock = [1000.0]
+    c = make_controller(
+        [autoscaler("a", "llama")], {"llama": {"replicas": 4, "ready": 4}}, {}, lambda: clock[0]
+    )
+    await passes(c, clock, 10)
+    assert c.custom.scale_writes == []
+    status = c.custom.status_writes[-1][1]
+    active = next(x for x in status["conditions"] if x["type"] == "ScalingActive")
+    assert active["status"] == "False" and "unreachable" in active["message"]
+    assert [r for r, _, _ in c.core.events].count("MissingData") == 1
+    text = generate_latest(c.metrics.registry).decode()
+    assert math.isnan(
+        float(
+            next(
+                line.split()[-1]
+                for line in text.splitlines()
+                if line.startswith("tokenyard_autoscaler_signal_value{") and "KVCache" in line
+            )
+        )
+    )
+
+
+async def test_one_broken_autoscaler_does_not_stop_the_others():
+    clock = [1000.0]
+    c = make_controller(
+        [autoscaler("broken", "missing"), autoscaler("ok", "llama")],
+        {"llama": {"replicas": 2, "ready": 2}},
+        {"KVCacheUsage": 0.98, "QueuedTokens": 0.0},
+        lambda: clock[0],
+    )
+    await passes(c, clock, 5)
+    assert ("llama", 3) in c.custom.scale_writes
+    broken = [s for n, s in c.custom.status_writes if n == "broken"][-1]
+    assert broken["conditions"][0]["reason"] == "FailedGetScale"
+
+
+async def test_the_loop_survives_an_exception_and_stops_on_the_event():
+    clock = [1000.0]
+    c = make_controller([], {}, {}, lambda: clock[0])
+    c.tick_seconds = 0.01
+    calls = 0
+
+    async def flaky():
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("API server hiccup")
+
+    c.reconcile_all = flaky
+    stop = asyncio.Event()
+    task = asyncio.create_task(c.run(stop))
+    deadline = asyncio.get_running_loop().time() + 5
+    while calls < 3 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert calls >= 3
+    assert (
+        'tokenyard_autoscaler_errors_total{stage="loop"} 1.0' in generate_latest(c.metrics.registry).decode()
+    )
+
+
+# ---- leader election ----------------------------------------------------------------------------------------
+class FakeLeases:
+    """coordination.k8s.io/v1 Leases in memory, with resourceVersion conflicts like the API server's."""
+
+    def __init__(self):
+        self.body = None
+        self.version = 0
+
+    def _lease(self):
+        spec = self.body["spec"]
+        parse = lambda v: datetime.strptime(v, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC) if v else None  # noqa: E731
+        return client.V1Lease(
+            metadata=client.V1ObjectMeta(name="l", resource_version=str(self.version)),
+            spec=client.V1LeaseSpec(
+                holder_identity=spec.get("holderIdentity"),
+                lease_duration_seconds=spec.get("leaseDurationSeconds"),
+                renew_time=parse(spec.get("renewTime")),
+                acquire_time=parse(spec.get("acquireTime")),
+                lease_transitions=spec.get("leaseTransitions"),
+            ),
+        )
+
+    async def read_namespaced_lease(self, name, namespace):
+        if self.body is None:
+            raise ApiException(status=404, reason="Not Found")
+        return self._lease()
+
+    async def create_namespaced_lease(self, namespace, body):
+        if self.body is not None:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.body, self.version = body, 1
+
+    async def replace_namespaced_lease(self, name, namespace, body):
+        if body["metadata"].get("resourceVersion") != str(self.version):
+            raise ApiException(status=409, reason="Conflict")
+        self.body, self.version = body, self.version + 1
+
+    async def patch_namespaced_lease(self, name, namespace, body, **kw):
+        self.body["spec"].update(body["spec"])
+        self.version += 1
+
+
+async def test_two_replicas_do_not_both_lead_and_a_stale_lease_is_taken_over():
+    leases = FakeLeases()
+    first = LeaseElector(leases, "default", identity="a", lease_seconds=15)
+    second = LeaseElector(leases, "default", identity="b", lease_seconds=15)
+    assert await first.ensure_leader() is True
+    assert await second.ensure_leader() is False
+    assert await first.ensure_leader() is True  # renewing keeps it
+    # The first replica dies without releasing: once the lease is older than its duration, the second takes it.
+    leases.body["spec"]["renewTime"] = "2000-01-01T00:00:00.000000Z"
+    assert await second.ensure_leader() is True
+    assert await first.ensure_leader() is False
+    assert leases.body["spec"]["leaseTransitions"] == 1
+    # A clean stop hands over at once.
+    await second.release()
+    assert await first.ensure_leader() is True
