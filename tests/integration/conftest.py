@@ -143,3 +143,79 @@ def operator_process(kubeconfig: Path, log_path: Path, *extra: str, env: dict[st
 def sim_pods_process(kubeconfig: Path, log_path: Path, time_scale: float = 0.05) -> ManagedProcess:
     args = ["tokenyard.sim", "pods", "--kubeconfig", str(kubeconfig), "--time-scale", str(time_scale)]
     return ManagedProcess(args, log_path)
+
+
+def engine_scrape_config(devcluster: DevCluster) -> dict:
+    """Prometheus' Kubernetes service discovery of the engine leaders, against the local API server."""
+    from tokenyard.devcluster.cluster import ADMIN_TOKEN
+
+    keep = lambda label, value: {"source_labels": [label], "regex": value, "action": "keep"}  # noqa: E731
+    copy = lambda label, target: {"source_labels": [label], "target_label": target}  # noqa: E731
+    return {
+        "job_name": "engines",
+        "scrape_interval": "1s",
+        "scrape_timeout": "1s",
+        "kubernetes_sd_configs": [
+            {
+                "role": "pod",
+                "api_server": devcluster.server,
+                "tls_config": {"insecure_skip_verify": True},
+                "authorization": {"credentials": ADMIN_TOKEN},
+            }
+        ],
+        "relabel_configs": [
+            keep("__meta_kubernetes_pod_label_app_kubernetes_io_component", "engine"),
+            keep("__meta_kubernetes_pod_label_tokenyard_dev_role", "leader"),
+            keep("__meta_kubernetes_pod_container_port_name", "http"),
+            copy("__meta_kubernetes_namespace", "namespace"),
+            copy("__meta_kubernetes_pod_label_tokenyard_dev_model_deployment", "model_deployment"),
+            copy("__meta_kubernetes_pod_label_tokenyard_dev_revision", "revision"),
+            copy("__meta_kubernetes_pod_name", "pod"),
+        ],
+    }
+
+
+def prometheus_process(folder: Path, scrape_configs: list[dict]) -> tuple[ManagedProcess, str]:
+    """The real Prometheus (Debian's package) on a free loopback port, scraping every second."""
+    import shutil
+    import socket
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus is not installed (apt-get install prometheus); .ci/run installs it")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = folder / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape_configs}))
+    process = ManagedProcess([], folder / "prometheus.log")
+    process.args = [
+        f"--config.file={config}",
+        f"--storage.tsdb.path={folder / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]
+    log = open(process.log_path, "ab")
+    process.proc = subprocess.Popen([binary, *process.args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log.close()
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _http_ok(f"{url}/-/ready"), timeout=30, what="Prometheus to be ready")
+    return process, url
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return response.status == 200
+
+
+def prometheus_query(url: str, query: str) -> list[dict]:
+    import json
+    import urllib.parse
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=5) as r:
+        body = json.loads(r.read())
+    assert body["status"] == "success", body
+    return body["data"]["result"]

@@ -7,9 +7,9 @@ import urllib.request
 
 import pytest
 from kubernetes import client
+from tokenyard.core import labels
 
 from tests.integration.conftest import operator_process, sim_pods_process, wait_for
-from tokenyard.core import labels
 
 pytestmark = pytest.mark.integration
 

@@ -288,17 +288,24 @@ def test_abort_rolls_back_at_once_and_keeps_the_stable_groups(operator, apis, na
     wait_for(lambda: rollout_of(apis, namespace, "abort").get("phase") == "Paused", timeout=60, what="the pause step")
     command(apis, namespace, "abort", "abort")
 
+    seen = {}
+
     def rolled_back():
         obj = get(apis, namespace, "abort")
         pods = engine_pods(apis, namespace, "abort")
         weights = {t["revision"]: t["weight"] for t in obj["status"].get("traffic", [])}
+        seen.update(rollout=obj["status"].get("rollout"), weights=weights, pods=[p.metadata.name for p in pods],
+                    same_pods={p.metadata.uid for p in pods} == stable_pods)
         return (
             (obj["status"].get("rollout") or {}).get("phase") == "RolledBack"
             and {p.metadata.uid for p in pods} == stable_pods
             and weights.get(stable) == 100
         )
 
-    wait_for(rolled_back, timeout=60, what="the rollback, with the canary's groups removed")
+    try:
+        wait_for(rolled_back, timeout=60, what="the rollback, with the canary's groups removed")
+    except BaseException as failure:
+        raise AssertionError(f"last seen: {seen}") from failure
 
 
 def test_analysis_without_prometheus_is_inconclusive_and_pauses(operator, apis, namespace):

@@ -58,6 +58,7 @@ ENV_SIM_ERROR_RATE = "TOKENYARD_SIM_ERROR_RATE"
 ENV_SIM_LATENCY_MULTIPLIER = "TOKENYARD_SIM_LATENCY_MULTIPLIER"
 ENV_SIM_STARTUP_SECONDS = "TOKENYARD_SIM_STARTUP_SECONDS"
 ENV_SIM_CRASH_AFTER_REQUESTS = "TOKENYARD_SIM_CRASH_AFTER_REQUESTS"
+ENV_SIM_MAX_NUM_SEQS = "TOKENYARD_SIM_MAX_NUM_SEQS"  # vLLM's --max-num-seqs: requests beyond it queue
 
 # --- annotations on engine pods ------------------------------------------------
 # Pods in the pod's group (leader included); a group serves only when that many are Ready.

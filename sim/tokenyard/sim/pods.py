@@ -124,6 +124,7 @@ def engine_options_for_pod(
         port=port,
         served_model_name=env.get(L.ENV_SERVED_MODEL_NAME) or None,
         time_scale=number(L.ENV_SIM_TIME_SCALE, float, defaults.time_scale),
+        max_num_seqs=number(L.ENV_SIM_MAX_NUM_SEQS, int, None),
         knobs=knobs,
     )
     try:
