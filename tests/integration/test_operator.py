@@ -322,3 +322,21 @@ def test_analysis_without_prometheus_is_inconclusive_and_pauses(operator, apis, 
 
     r = wait_for(paused_inconclusive, timeout=60, what="an inconclusive analysis to pause the rollout")
     assert r["state"]["pauseReason"] == "AnalysisInconclusive"
+
+
+def test_operator_killed_mid_rollout_resumes_at_the_same_step(operator, apis, namespace):
+    rollout = {"strategy": "Canary", "drainSeconds": 1, "steps": [{"setWeight": 25}, {"pause": {}}, {"setWeight": 75}, {"pause": {}}]}
+    apis[0].create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, mdep("resume", tensor=1, replicas=4, rollout=rollout))
+    wait_for(ready_groups(apis, namespace, "resume", 4), timeout=60, what="4 groups")
+    apis[0].patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "resume", {"spec": {"engine": {"image": "v2"}}})
+    at_step = wait_for(lambda: (r := rollout_of(apis, namespace, "resume")).get("phase") == "Paused" and r, timeout=60,
+                       what="the first pause")
+    assert at_step["step"] == 1
+    operator.stop(sig=signal.SIGKILL)
+    operator.start()
+    command(apis, namespace, "resume", "promote")
+    # The restarted operator continues from step 1: the next pause is step 3, at weight 75.
+    second = wait_for(lambda: (r := rollout_of(apis, namespace, "resume")).get("phase") == "Paused" and r["step"] == 3 and r,
+                      timeout=90, what="the second pause after the restart")
+    weights = {t["revision"]: t["weight"] for t in get(apis, namespace, "resume")["status"]["traffic"]}
+    assert weights[second["canaryRevision"]] == 75 and weights[second["stableRevision"]] == 25
