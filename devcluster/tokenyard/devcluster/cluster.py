@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -48,6 +49,8 @@ def free_port() -> int:
 
 def port_is_free(port: int) -> bool:
     with socket.socket() as s:
+        # As the servers do: connections of a stopped server lingering in TIME_WAIT do not make a port taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -125,6 +128,9 @@ class DevCluster:
         )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
+        # Every `up` is a fresh cluster: objects left in etcd by an earlier run (nodes, pods of a topology that
+        # may differ) would make this one's state depend on history.
+        shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
         self._write_credentials()
         deadline = time.monotonic() + timeout
         try:
@@ -338,6 +344,9 @@ class DevCluster:
             "--allow-privileged=true",
             "--profiling=false",
             "--endpoint-reconciler-type=none",
+            # New nodes would get a not-ready taint that only the node lifecycle controller removes; that
+            # controller is off here (see the controller manager's flags), so the taint is not added at all.
+            "--disable-admission-plugins=TaintNodesByCondition",
         ]
 
     def _controller_manager_cmd(self, b: Binaries) -> list[str]:
@@ -353,8 +362,13 @@ class DevCluster:
             f"--service-account-private-key-file={self.state_dir / 'pki' / 'sa.key'}",
             "--use-service-account-credentials=true",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # No cloud, no node IPAM (kwok assigns pod IPs), no certificate signing.
-            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-route,-csrsigning",
+            # No cloud, no node IPAM (kwok assigns pod IPs), no certificate signing. No node lifecycle either:
+            # every fake node's heartbeat comes from one kwok process, so a node that misses its lease here only
+            # means the machine was too busy for a moment, and marking its pods NotReady (which kwok never
+            # reverts) would be wrong. Node failures are simulated by deleting pods or nodes.
+            "--controllers=*,-node-ipam-controller,-cloud-node-lifecycle-controller,-service-lb-controller,"
+            "-node-route-controller,-certificatesigningrequest-signing-controller,-node-lifecycle-controller,"
+            "-taint-eviction-controller",
             "--concurrent-gc-syncs=5",
             "--profiling=false",
         ]

@@ -1,0 +1,245 @@
+"""python -m tokenyard.router: the request router (static backends or Kubernetes discovery)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from tokenyard.router.core import DEFAULT_WEIGHTS, HotSpotGuard, SaturationLimits, Scorer
+from tokenyard.router.discovery import (
+    ConfigError,
+    StaticConfig,
+    load_static_config,
+    parse_backend,
+    parse_shadow,
+    parse_traffic,
+)
+from tokenyard.router.prefix import Tokenizer
+from tokenyard.router.server import RouterServer, ServerOptions
+from tokenyard.router.state import RouterSettings
+
+log = logging.getLogger("tokenyard.router")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one clear line on stderr and exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="python -m tokenyard.router",
+        description="KV-cache-aware request router for OpenAI-compatible engines (vLLM, SGLang, tokenyard.sim).",
+    )
+    source = parser.add_argument_group("where the replicas come from (static backends or Kubernetes)")
+    source.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="[NAME=]URL[#REVISION]",
+        help="a static engine backend (repeatable)",
+    )
+    source.add_argument(
+        "--backends-file", metavar="FILE", help="YAML with backends, traffic, shadow and routing.weights"
+    )
+    source.add_argument(
+        "--served-model",
+        metavar="NAME",
+        help="model name every static backend serves (default: read from their /v1/models)",
+    )
+    source.add_argument(
+        "--traffic",
+        action="append",
+        default=[],
+        metavar="REVISION=WEIGHT",
+        help="static canary split by revision, weights 0..100 (repeatable)",
+    )
+    source.add_argument(
+        "--shadow", metavar="REVISION=FRACTION", help="copy this fraction of requests to REVISION"
+    )
+    source.add_argument("--kubeconfig", metavar="FILE", help="discover replicas from this cluster")
+    source.add_argument(
+        "--in-cluster", action="store_true", help="discover replicas with the pod's service account"
+    )
+    source.add_argument("--namespace", help="namespace of the ModelDeployments (default: the context's)")
+
+    serve = parser.add_argument_group("serving")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    serve.add_argument(
+        "--port", type=int, default=8080, help="OpenAI-compatible HTTP port (default %(default)s)"
+    )
+    serve.add_argument(
+        "--grpc-port", type=int, default=9090, help="gRPC port; -1 disables (default %(default)s)"
+    )
+    serve.add_argument("--metrics-port", type=int, default=9091, help="Prometheus port (default %(default)s)")
+    serve.add_argument("--redis-url", help="share load and prefix state with peer routers through this Redis")
+    serve.add_argument("--router-id", help="this router's id in Redis (default: random)")
+    serve.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
+    serve.add_argument("--drain-timeout", type=float, default=25.0, help="seconds to drain on SIGTERM")
+    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    route = parser.add_argument_group("routing")
+    route.add_argument(
+        "--weights",
+        metavar="NAME=W,...",
+        help="scorer weights (default: "
+        + ",".join(f"{k}={v:g}" for k, v in DEFAULT_WEIGHTS.items())
+        + "); a ModelDeployment's spec.routing.weights wins",
+    )
+    route.add_argument(
+        "--tokenizer",
+        metavar="sim|FILE",
+        help="hash prompts by tokens: 'sim' (tokenyard.sim's tokenizer) or a tokenizer.json "
+        "(needs the 'tokenizers' package); default: character blocks",
+    )
+    route.add_argument("--chars-per-token", type=int, default=4)
+    route.add_argument(
+        "--default-max-tokens", type=int, default=256, help="expected output tokens when a request names none"
+    )
+    route.add_argument("--hotspot-ratio", type=float, default=1.5)
+    route.add_argument("--hotspot-slack-tokens", type=int, default=2048)
+    route.add_argument("--hotspot-slack-requests", type=int, default=4)
+    route.add_argument(
+        "--max-outstanding-requests",
+        type=int,
+        default=256,
+        help="per replica; beyond it the replica is saturated (429 when all are)",
+    )
+    route.add_argument("--max-queue-waiting", type=float, default=128)
+    route.add_argument(
+        "--metrics-max-age", type=float, default=5.0, help="engine stats older than this are unknown"
+    )
+    route.add_argument("--probe-interval", type=float, default=0.5, help="seconds between /metrics scrapes")
+    return parser
+
+
+def parse_weights(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    weights = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1
+        if not sep or name not in Scorer.registry or weight < 0:
+            known = ", ".join(sorted(Scorer.registry))
+            raise ConfigError(f"--weights {item!r}: expected NAME=WEIGHT >= 0 with NAME one of {known}")
+        weights[name] = weight
+    return weights
+
+
+def load_tokenizer(spec: str | None) -> Tokenizer | None:
+    if not spec:
+        return None
+    if spec.startswith("sim"):
+        from tokenyard.sim.tokenizer import Tokenizer as SimTokenizer
+
+        _, _, vocab = spec.partition(":")
+        return SimTokenizer(int(vocab) if vocab else 128_256).encode  # Llama 3's vocabulary size
+    try:
+        from tokenizers import Tokenizer as HfTokenizer  # optional dependency
+    except ImportError:
+        raise ConfigError(f"--tokenizer {spec}: the 'tokenizers' package is not installed") from None
+    try:
+        hf = HfTokenizer.from_file(spec)
+    except Exception as error:
+        raise ConfigError(f"--tokenizer {spec}: {error}") from None
+    return lambda text: hf.encode(text, add_special_tokens=False).ids
+
+
+def options_from_args(args: argparse.Namespace) -> ServerOptions:
+    sources = sum(bool(x) for x in (args.backend or args.backends_file, args.kubeconfig, args.in_cluster))
+    if sources != 1:
+        raise ConfigError(
+            "give exactly one replica source: --backend/--backends-file, --kubeconfig or --in-cluster"
+        )
+    static = None
+    if args.backend or args.backends_file:
+        static = load_static_config(args.backends_file) if args.backends_file else StaticConfig()
+        static.backends += [parse_backend(b) for b in args.backend]
+        names = [b.name for b in static.backends]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(f"--backend: duplicate backend names {duplicates}; name them NAME=URL")
+        if args.traffic:
+            static.traffic = parse_traffic(args.traffic)
+        if args.shadow:
+            static.shadow = parse_shadow(args.shadow)
+        weights = parse_weights(args.weights)
+        if weights is not None:
+            static.weights = weights
+    for flag in ("port", "metrics_port"):
+        if not 0 <= getattr(args, flag) <= 65535:
+            raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: not a port number")
+    settings = RouterSettings(
+        default_max_tokens=args.default_max_tokens,
+        chars_per_token=args.chars_per_token,
+        metrics_max_age_s=args.metrics_max_age,
+        guard=HotSpotGuard(args.hotspot_ratio, args.hotspot_slack_tokens, args.hotspot_slack_requests),
+        saturation=SaturationLimits(args.max_outstanding_requests, args.max_queue_waiting),
+        weights=parse_weights(args.weights),
+    )
+    return ServerOptions(
+        host=args.host,
+        port=args.port,
+        grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+        metrics_port=args.metrics_port,
+        static=static,
+        served_model=args.served_model,
+        kubeconfig=args.kubeconfig,
+        in_cluster=args.in_cluster,
+        namespace=args.namespace,
+        redis_url=args.redis_url,
+        probe_interval_s=args.probe_interval,
+        max_body_bytes=args.max_body_bytes,
+        drain_timeout_s=args.drain_timeout,
+        settings=settings,
+        tokenizer=load_tokenizer(args.tokenizer),
+        router_id=args.router_id,
+    )
+
+
+async def serve(options: ServerOptions) -> None:
+    server = RouterServer(options)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await server.start()
+        await stop.wait()
+        log.info("signal received: draining")
+        await server.drain_and_stop()
+    except BaseException:
+        await server.stop()
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        options = options_from_args(args)
+    except ConfigError as error:
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(options))
+    except OSError as error:  # e.g. the port is taken
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

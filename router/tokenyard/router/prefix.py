@@ -1,0 +1,161 @@
+"""Prefix-cache locality: chained block hashes of a prompt and a per-replica LRU index of them.
+
+An engine with automatic prefix caching (vLLM, SGLang) keeps full KV blocks keyed by the hash of the block's
+tokens chained with the hash of every block before it, and evicts the least recently used free blocks when it
+needs room. The router mirrors that: it hashes the prompt the same way (tokens when a tokenizer is configured,
+fixed-size character blocks otherwise) and remembers, per replica, which chained hashes it has sent there,
+in an LRU whose capacity is the replica's KV capacity in blocks (``vllm:cache_config_info`` num_gpu_blocks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# Without a tokenizer one block of `block_size` tokens is approximated by block_size * CHARS_PER_TOKEN
+# characters; ~4 characters per token is the usual figure for English BPE vocabularies (OpenAI's tokenizer
+# guide quotes "one token is roughly 4 characters of English text").
+DEFAULT_CHARS_PER_TOKEN = 4
+DEFAULT_BLOCK_SIZE = 16  # vLLM's default --block-size on CUDA
+# Used until a replica has reported its KV capacity; an 8B model on one 80 GB GPU holds ~30k blocks of 16.
+DEFAULT_CAPACITY_BLOCKS = 4096
+
+Tokenizer = Callable[[str], Sequence[int]]
+
+
+@dataclass(frozen=True)
+class PromptBlocks:
+    """The chained hashes of a prompt's full blocks, and how many tokens one block stands for."""
+
+    hashes: tuple[int, ...]
+    tokens_per_block: int
+    prompt_tokens: int  # the whole prompt, full blocks or not
+
+
+def _chain(parent: int, payload: bytes) -> int:
+    digest = hashlib.blake2b(parent.to_bytes(8, "little") + payload, digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def hash_prompt(
+    text: str,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    tokenizer: Tokenizer | None = None,
+    chars_per_token: int = DEFAULT_CHARS_PER_TOKEN,
+) -> PromptBlocks:
+    """Chained hashes of the full blocks of ``text``; block i's hash covers blocks 0..i, so equal hashes mean
+    equal prefixes. A trailing partial block is not hashed: engines cache full blocks only."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    hashes: list[int] = []
+    parent = 0
+    if tokenizer is not None:
+        ids = list(tokenizer(text))
+        for start in range(0, len(ids) - block_size + 1, block_size):
+            block = ids[start : start + block_size]
+            parent = _chain(parent, b"".join(i.to_bytes(4, "little", signed=False) for i in block))
+            hashes.append(parent)
+        return PromptBlocks(tuple(hashes), block_size, len(ids))
+    block_chars = block_size * chars_per_token
+    data = text.encode("utf-8", "surrogatepass")
+    for start in range(0, len(data) - block_chars + 1, block_chars):
+        parent = _chain(parent, data[start : start + block_chars])
+        hashes.append(parent)
+    return PromptBlocks(tuple(hashes), block_size, estimate_tokens(text, chars_per_token))
+
+
+def estimate_tokens(text: str, chars_per_token: int = DEFAULT_CHARS_PER_TOKEN) -> int:
+    return (len(text.encode("utf-8", "surrogatepass")) + chars_per_token - 1) // chars_per_token
+
+
+class ReplicaPrefixCache:
+    """What one replica most likely still caches: an LRU of chained block hashes with a capacity in blocks
+    and an optional maximum age (seconds since the block was last sent there)."""
+
+    def __init__(self, capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS, max_age_s: float | None = None):
+        self.capacity_blocks = max(1, capacity_blocks)
+        self.max_age_s = max_age_s
+        self._last_used: OrderedDict[int, float] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._last_used)
+
+    def resize(self, capacity_blocks: int) -> None:
+        self.capacity_blocks = max(1, capacity_blocks)
+        self._evict_over_capacity()
+
+    def _evict_over_capacity(self) -> None:
+        while len(self._last_used) > self.capacity_blocks:
+            self._last_used.popitem(last=False)
+
+    def expire(self, now: float) -> None:
+        if self.max_age_s is None:
+            return
+        horizon = now - self.max_age_s
+        while self._last_used:
+            oldest_hash, used_at = next(iter(self._last_used.items()))
+            if used_at >= horizon:
+                break
+            del self._last_used[oldest_hash]
+
+    def match_blocks(self, hashes: Sequence[int], now: float) -> int:
+        """How many leading blocks of the prompt this replica still holds (a chain breaks at the first miss,
+        exactly as the engine's lookup does)."""
+        self.expire(now)
+        matched = 0
+        for block_hash in hashes:
+            if block_hash not in self._last_used:
+                break
+            matched += 1
+        return matched
+
+    def insert(self, hashes: Sequence[int], now: float) -> None:
+        """Record that the prompt's blocks were sent here at ``now``. Leading blocks are touched last-first so
+        that under pressure the tail of a prompt goes before its head, as in the engine (a head block is
+        shared by more prompts)."""
+        for block_hash in reversed(hashes):
+            self._last_used[block_hash] = now
+            self._last_used.move_to_end(block_hash)
+        self._evict_over_capacity()
+
+    def contains(self, block_hash: int) -> bool:
+        return block_hash in self._last_used
+
+
+class PrefixIndex:
+    """Per-replica prefix caches, keyed by replica name."""
+
+    def __init__(
+        self, default_capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS, max_age_s: float | None = None
+    ):
+        self.default_capacity_blocks = default_capacity_blocks
+        self.max_age_s = max_age_s
+        self._replicas: dict[str, ReplicaPrefixCache] = {}
+
+    def replica(self, name: str) -> ReplicaPrefixCache:
+        cache = self._replicas.get(name)
+        if cache is None:
+            cache = ReplicaPrefixCache(self.default_capacity_blocks, self.max_age_s)
+            self._replicas[name] = cache
+        return cache
+
+    def set_capacity(self, name: str, capacity_blocks: int) -> None:
+        cache = self.replica(name)
+        if cache.capacity_blocks != capacity_blocks:
+            cache.resize(capacity_blocks)
+
+    def match_blocks(self, name: str, hashes: Sequence[int], now: float) -> int:
+        cache = self._replicas.get(name)
+        return 0 if cache is None else cache.match_blocks(hashes, now)
+
+    def insert(self, name: str, hashes: Sequence[int], now: float) -> None:
+        if hashes:
+            self.replica(name).insert(hashes, now)
+
+    def forget(self, name: str) -> None:
+        self._replicas.pop(name, None)
+
+    def names(self) -> list[str]:
+        return list(self._replicas)

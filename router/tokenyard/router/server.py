@@ -1,0 +1,159 @@
+"""Assembles the router: state, forwarder, discovery, probing, Redis sharing, HTTP/gRPC/metrics servers,
+and the SIGTERM drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tokenyard.router.discovery import StaticConfig
+from tokenyard.router.grpc_front import start_grpc
+from tokenyard.router.http_front import DEFAULT_MAX_BODY_BYTES, HttpFront
+from tokenyard.router.prefix import Tokenizer
+from tokenyard.router.proxy import Forwarder
+from tokenyard.router.scrape import EngineProber, StaticDiscovery
+from tokenyard.router.state import RouterSettings, RouterState
+from tokenyard.router.telemetry import RouterMetrics
+
+log = logging.getLogger("tokenyard.router")
+
+
+@dataclass
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    grpc_port: int | None = 9090  # None: no gRPC front
+    metrics_port: int = 9091
+    static: StaticConfig | None = None
+    served_model: str | None = None
+    kubeconfig: str | None = None
+    in_cluster: bool = False
+    namespace: str | None = None
+    redis_url: str | None = None
+    redis_interval_s: float = 0.05
+    probe_interval_s: float = 0.5
+    connect_timeout_s: float = 2.0
+    read_timeout_s: float = 600.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    drain_timeout_s: float = 25.0  # below Kubernetes' default terminationGracePeriodSeconds (30 s)
+    settings: RouterSettings = field(default_factory=RouterSettings)
+    tokenizer: Tokenizer | None = None
+    router_id: str | None = None
+
+
+class RouterServer:
+    def __init__(self, options: ServerOptions, metrics: RouterMetrics | None = None) -> None:
+        self.options = options
+        self.metrics = metrics or RouterMetrics()
+        self.state = RouterState(options.settings, options.tokenizer)
+        self.draining = False
+        self.ports: dict[str, int] = {}
+        self._runners: list[web.AppRunner] = []
+        self._tasks: list[asyncio.Task] = []
+        self._grpc = None
+        self._grpc_health = None
+        self.shared = None
+        self.session: aiohttp.ClientSession | None = None
+        self.forwarder: Forwarder | None = None
+        self.front: HttpFront | None = None
+
+    async def _serve(self, app: web.Application, port: int, name: str) -> None:
+        # handler_cancellation: a client that disconnects cancels its handler, which closes the upstream
+        # request and releases its accounting in `finally`.
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.options.host, port)
+        await site.start()
+        self._runners.append(runner)
+        self.ports[name] = runner.addresses[0][1]
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def start(self) -> None:
+        options = self.options
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=options.connect_timeout_s, sock_read=options.read_timeout_s
+        )
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
+        self.session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False)
+        self.forwarder = Forwarder(self.state, self.metrics, self.session)
+        prober = EngineProber(self.state, self.metrics, self.session, options.probe_interval_s)
+
+        if options.static is not None:
+            discovery = StaticDiscovery(
+                options.static, self.state, self.metrics, self.session, options.served_model
+            )
+            await discovery.refresh()
+            self._tasks.append(asyncio.create_task(discovery.run(), name="static-discovery"))
+        else:
+            from tokenyard.router.kube import KubeDiscovery
+
+            kube = KubeDiscovery(self.state, self.metrics, options.kubeconfig, options.namespace)
+            self._tasks.append(asyncio.create_task(kube.run(), name="kube-discovery"))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(kube.synced.wait(), timeout=10)
+        await prober.probe_all()
+        self._tasks.append(asyncio.create_task(prober.run(), name="engine-prober"))
+
+        if options.redis_url:
+            from tokenyard.router.shared import RedisShare
+
+            self.shared = RedisShare(
+                options.redis_url, self.state, self.metrics, options.router_id, options.redis_interval_s
+            )
+            await self.shared.sync_once()
+            self._tasks.append(asyncio.create_task(self.shared.run(), name="redis-share"))
+
+        self.front = HttpFront(self.state, self.forwarder, options.max_body_bytes, lambda: self.draining)
+        await self._serve(self.front.app(), options.port, "http")
+        metrics_app = web.Application()
+        metrics_app.router.add_get("/metrics", self._metrics)
+        await self._serve(metrics_app, options.metrics_port, "metrics")
+        if options.grpc_port is not None:
+            self._grpc, self.ports["grpc"], self._grpc_health = await start_grpc(
+                self.forwarder, options.host, options.grpc_port
+            )
+        log.info(
+            "router listening: http=%s grpc=%s metrics=%s; models: %s",
+            self.ports.get("http"),
+            self.ports.get("grpc"),
+            self.ports.get("metrics"),
+            ", ".join(sorted(self.state.models)) or "none yet",
+        )
+
+    async def drain_and_stop(self) -> None:
+        """Stop taking new work, let in-flight requests finish up to the drain timeout, then stop."""
+        self.draining = True
+        if self._grpc_health is not None:
+            self._grpc_health.enter_graceful_shutdown()
+        if self.front is not None and self.front.in_flight:
+            log.info(
+                "draining %d in-flight requests (up to %.0fs)",
+                self.front.in_flight,
+                self.options.drain_timeout_s,
+            )
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.front.idle.wait(), self.options.drain_timeout_s)
+        await self.stop()
+
+    async def stop(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        for runner in self._runners:
+            await runner.cleanup()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.forwarder is not None:
+            await self.forwarder.close()
+        if self.shared is not None:
+            await self.shared.close()
+        if self.session is not None:
+            await self.session.close()

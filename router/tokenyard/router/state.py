@@ -1,0 +1,277 @@
+"""The router's state and the one call the fronts make: ``RouterState.route``.
+
+It joins the discovery view, the load ledger (local, plus peers' loads when Redis shares them), the engines'
+scraped stats and the prefix index into replica snapshots, runs the pipeline, and records the decision (a
+ticket in the ledger, the prompt's blocks in the index). No I/O, no clock: ``now`` and the random source come
+from the caller.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenyard.router.accounting import EjectionPolicy, FailureTracker, LoadLedger, ReplicaLoad, Ticket
+from tokenyard.router.core import (
+    DEFAULT_FILTERS,
+    Decision,
+    HotSpotGuard,
+    Pipeline,
+    ReplicaSnapshot,
+    RoutingRequest,
+    SaturationLimits,
+    choose_revision,
+)
+from tokenyard.router.discovery import Endpoint, ModelView
+from tokenyard.router.enginestats import EngineStats
+from tokenyard.router.prefix import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_CAPACITY_BLOCKS,
+    DEFAULT_CHARS_PER_TOKEN,
+    PrefixIndex,
+    PromptBlocks,
+    Tokenizer,
+    hash_prompt,
+)
+
+
+class RoutingError(Exception):
+    """No replica for this request; ``status`` is the HTTP status the client gets."""
+
+    def __init__(self, status: int, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class RouterSettings:
+    default_max_tokens: int = 256  # expected decode tokens when the request names none
+    chars_per_token: int = DEFAULT_CHARS_PER_TOKEN
+    metrics_max_age_s: float = 5.0  # older engine stats are unknown, not zero
+    prefix_max_age_s: float | None = 600.0
+    guard: HotSpotGuard = field(default_factory=HotSpotGuard)
+    saturation: SaturationLimits = field(default_factory=SaturationLimits)
+    ejection: EjectionPolicy = field(default_factory=EjectionPolicy)
+    filters: tuple[str, ...] = DEFAULT_FILTERS
+    weights: Mapping[str, float] | None = None  # None = core.DEFAULT_WEIGHTS; a ModelView's weights win
+    retry_after_s: int = 1
+
+
+@dataclass
+class Route:
+    model: str
+    endpoint: Endpoint
+    ticket: Ticket
+    decision: Decision
+    prompt_tokens: int
+    prefix_match_tokens: int
+    shadow: bool = False
+
+    @property
+    def revision(self) -> str:
+        return self.endpoint.revision
+
+
+def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A stable text rendering of chat messages, so a conversation that grows turn by turn keeps its earlier
+    turns as an exact prefix (what the engine's chat template does too)."""
+    parts = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):  # OpenAI content parts
+            content = "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+        parts.append(f"<|{message.get('role', '')}|>\n{content or ''}\n")
+    return "".join(parts)
+
+
+def prompt_of(body: Mapping[str, Any]) -> str:
+    """The prompt text of an OpenAI completions or chat completions body (raises ValueError if absent)."""
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+            raise ValueError("'messages' must be a list of objects")
+        return render_chat(messages)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "".join(prompt)
+    if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
+        return " ".join(map(str, prompt))  # token ids: hash them as text, chained like any other prompt
+    raise ValueError("'prompt' must be a string, a list of strings or a list of token ids")
+
+
+def max_tokens_of(body: Mapping[str, Any], default: int) -> int:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return default
+
+
+class RouterState:
+    def __init__(
+        self,
+        settings: RouterSettings | None = None,
+        tokenizer: Tokenizer | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings or RouterSettings()
+        self.tokenizer = tokenizer
+        self.rng = rng or random.Random()
+        self.models: dict[str, ModelView] = {}
+        self.ledger = LoadLedger()
+        self.failures = FailureTracker(self.settings.ejection)
+        self.index = PrefixIndex(DEFAULT_CAPACITY_BLOCKS, self.settings.prefix_max_age_s)
+        self.stats: dict[str, EngineStats] = {}
+        self.unreachable: set[str] = set()  # replicas whose last health probe failed
+        self.peer_loads: dict[str, ReplicaLoad] = {}  # other routers' loads, summed (Redis)
+        self.prefix_outbox: list[tuple[str, tuple[int, ...]]] = []  # inserts to publish to peers
+        self.publish_prefixes = False
+        self._pipelines: dict[tuple[tuple[str, float], ...] | None, Pipeline] = {}
+
+    # --- views -----------------------------------------------------------------------------------------
+
+    def set_models(self, views: Mapping[str, ModelView]) -> list[Endpoint]:
+        """Replace the model views; returns the endpoints that went away (their state is dropped)."""
+        before = {e.name: e for e in self.endpoints()}
+        self.models = dict(views)
+        after = {e.name for e in self.endpoints()}
+        gone = [endpoint for name, endpoint in before.items() if name not in after]
+        for endpoint in gone:
+            self.index.forget(endpoint.name)
+            self.failures.forget(endpoint.name)
+            self.stats.pop(endpoint.name, None)
+            self.unreachable.discard(endpoint.name)
+        return gone
+
+    def endpoints(self) -> list[Endpoint]:
+        seen: dict[str, Endpoint] = {}
+        for view in self.models.values():
+            for endpoint in view.endpoints:
+                seen.setdefault(endpoint.name, endpoint)
+        return list(seen.values())
+
+    def record_stats(self, replica: str, stats: EngineStats) -> None:
+        self.stats[replica] = stats
+        if stats.num_gpu_blocks:
+            self.index.set_capacity(replica, stats.num_gpu_blocks)
+
+    def load(self, replica: str) -> ReplicaLoad:
+        local = self.ledger.load(replica)
+        peer = self.peer_loads.get(replica)
+        if peer is None:
+            return local
+        return ReplicaLoad(local.tokens + peer.tokens, local.requests + peer.requests)
+
+    def snapshot(self, endpoint: Endpoint, now: float) -> ReplicaSnapshot:
+        load = self.load(endpoint.name)
+        stats = self.stats.get(endpoint.name)
+        fresh = stats is not None and stats.fresh(now, self.settings.metrics_max_age_s)
+        return ReplicaSnapshot(
+            name=endpoint.name,
+            url=endpoint.url,
+            revision=endpoint.revision,
+            healthy=endpoint.name not in self.unreachable,
+            ejected=self.failures.is_ejected(endpoint.name, now),
+            outstanding_tokens=max(0, load.tokens),
+            outstanding_requests=max(0, load.requests),
+            kv_usage=stats.kv_usage if fresh and stats else None,
+            queue_waiting=stats.waiting if fresh and stats else None,
+            block_size=(stats.block_size if stats and stats.block_size else DEFAULT_BLOCK_SIZE),
+        )
+
+    def pipeline_for(self, view: ModelView) -> Pipeline:
+        weights = view.weights if view.weights is not None else self.settings.weights
+        key = tuple(sorted(weights.items())) if weights is not None else None
+        pipeline = self._pipelines.get(key)
+        if pipeline is None:
+            pipeline = Pipeline.from_config(
+                weights, self.settings.filters, self.settings.guard, self.settings.saturation
+            )
+            self._pipelines[key] = pipeline
+        return pipeline
+
+    # --- the decision ----------------------------------------------------------------------------------
+
+    def route(
+        self,
+        model: str,
+        prompt: str,
+        max_tokens: int,
+        now: float,
+        exclude: Iterable[str] = (),
+        shadow: bool = False,
+    ) -> Route:
+        view = self.models.get(model)
+        if view is None:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise RoutingError(404, f"model {model!r} is not served here (served models: {known})")
+        excluded = set(exclude)
+        endpoints = [e for e in view.endpoints if e.name not in excluded]
+        if shadow:
+            if view.shadow is None:
+                raise RoutingError(503, f"model {model!r} has no shadow revision")
+            endpoints = [e for e in endpoints if e.revision == view.shadow.revision]
+        elif view.shadow is not None and not view.traffic:
+            # the shadow revision serves only copies unless the traffic split names it
+            endpoints = [e for e in endpoints if e.revision != view.shadow.revision]
+        if not endpoints:
+            raise RoutingError(
+                503, f"model {model!r} has no ready replica" + (" left to try" if excluded else "")
+            )
+        snapshots = [self.snapshot(e, now) for e in endpoints]
+        request = RoutingRequest(model=model, prompt_tokens=0, expected_output_tokens=max_tokens)
+        if not shadow:
+            available = {s.revision for s in snapshots if s.healthy and not s.ejected}
+            revision = choose_revision(view.traffic, available, self.rng.random())
+            if revision is not None:
+                request.state["revision"] = revision
+
+        blocks_by_size: dict[int, PromptBlocks] = {}
+        matches: dict[str, int] = {}
+        for snap in snapshots:
+            blocks = blocks_by_size.get(snap.block_size)
+            if blocks is None:
+                blocks = hash_prompt(prompt, snap.block_size, self.tokenizer, self.settings.chars_per_token)
+                blocks_by_size[snap.block_size] = blocks
+            matched_blocks = self.index.match_blocks(snap.name, blocks.hashes, now)
+            matches[snap.name] = min(blocks.prompt_tokens, matched_blocks * blocks.tokens_per_block)
+        any_blocks = next(iter(blocks_by_size.values()))
+        request.prompt_tokens = any_blocks.prompt_tokens
+        request.prefix_match_tokens = matches
+
+        decision = self.pipeline_for(view).decide(request, snapshots, self.rng)
+        if decision.replica is None:
+            if request.state.get("saturated"):
+                raise RoutingError(
+                    429,
+                    f"every replica of model {model!r} is saturated; retry later",
+                    self.settings.retry_after_s,
+                )
+            raise RoutingError(503, f"model {model!r}: {decision.reason}")
+        chosen = decision.replica
+        endpoint = next(e for e in endpoints if e.name == chosen.name)
+        match = matches[chosen.name]
+        ticket = self.ledger.open(chosen.name, max(0, request.prompt_tokens - match), max_tokens)
+        hashes = blocks_by_size[chosen.block_size].hashes
+        self.index.insert(chosen.name, hashes, now)
+        if self.publish_prefixes and hashes:
+            self.prefix_outbox.append((chosen.name, hashes))
+        return Route(model, endpoint, ticket, decision, request.prompt_tokens, match, shadow)
+
+    def shadow_wanted(self, model: str) -> bool:
+        view = self.models.get(model)
+        return bool(view and view.shadow and self.rng.random() < view.shadow.fraction)
+
+    # --- outcomes --------------------------------------------------------------------------------------
+
+    def record_failure(self, replica: str, now: float) -> bool:
+        return self.failures.record_failure(replica, now)
+
+    def record_success(self, replica: str) -> None:
+        self.failures.record_success(replica)

@@ -1,0 +1,127 @@
+"""The router's Prometheus metrics (prefix tokenyard_router_; bounded labels only: model, revision, replica,
+code; a replica's series are removed when the replica goes)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+PREFIX_BUCKETS_TOKENS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "tokenyard_router_requests_total",
+            "Requests answered, by model, revision, replica and HTTP status code.",
+            ["model", "revision", "replica", "code"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "tokenyard_router_errors_total",
+            "Requests that failed (status >= 400 or a broken stream), by model, revision, replica and code.",
+            ["model", "revision", "replica", "code"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "tokenyard_router_retries_total",
+            "Requests retried on another replica after a connect error or a 503 before the first byte.",
+            ["model", "replica"],
+            registry=r,
+        )
+        self.ejections = Counter(
+            "tokenyard_router_ejections_total",
+            "Replicas ejected after repeated failures.",
+            ["replica"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tokenyard_router_time_to_first_token_seconds",
+            "Time from the request's arrival to the first byte of the response sent to the client.",
+            ["model", "revision"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "tokenyard_router_request_duration_seconds",
+            "Time from the request's arrival to the end of the response, as the client sees it.",
+            ["model", "revision"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.decision = Histogram(
+            "tokenyard_router_decision_duration_seconds",
+            "Time spent choosing a replica (filters, scorers, picker, index lookup).",
+            buckets=DECISION_BUCKETS_S,
+            registry=r,
+        )
+        self.outstanding_tokens = Gauge(
+            "tokenyard_router_outstanding_tokens",
+            "Tokens routed to the replica and not yet processed (prefill still due plus expected decode), "
+            "as counted by this router and, with Redis, its peers.",
+            ["replica"],
+            registry=r,
+        )
+        self.outstanding_requests = Gauge(
+            "tokenyard_router_outstanding_requests",
+            "Requests in flight on the replica through this router.",
+            ["replica"],
+            registry=r,
+        )
+        self.prefix_match = Histogram(
+            "tokenyard_router_prefix_match_tokens",
+            "Prompt tokens the chosen replica was expected to hold in its prefix cache.",
+            ["model"],
+            buckets=PREFIX_BUCKETS_TOKENS,
+            registry=r,
+        )
+        self.shadow_requests = Counter(
+            "tokenyard_router_shadow_requests_total",
+            "Shadow copies sent, by revision and outcome (ok, error, dropped).",
+            ["model", "revision", "outcome"],
+            registry=r,
+        )
+        self.shadow_duration = Histogram(
+            "tokenyard_router_shadow_duration_seconds",
+            "End-to-end latency of shadow copies, read to the end and discarded.",
+            ["model", "revision"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.redis_up = Gauge(
+            "tokenyard_router_redis_up",
+            "1 while the router shares its state through Redis, 0 while it routes on local state only.",
+            registry=r,
+        )
+        self.redis_errors = Counter(
+            "tokenyard_router_redis_errors_total", "Failed Redis synchronisations.", registry=r
+        )
+        self.replica_healthy = Gauge(
+            "tokenyard_router_replica_healthy",
+            "1 when the replica can be routed to (reachable, not ejected).",
+            ["replica", "revision"],
+            registry=r,
+        )
+        self.metrics_stale = Gauge(
+            "tokenyard_router_replica_metrics_stale",
+            "1 when the replica's /metrics scrape is older than the freshness bound (treated as unknown).",
+            ["replica"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "tokenyard_router_in_flight_requests", "Client requests being served now.", registry=r
+        )
+
+    def forget_replica(self, replica: str, revision: str) -> None:
+        for gauge in (self.outstanding_tokens, self.outstanding_requests, self.metrics_stale):
+            try:
+                gauge.remove(replica)
+            except KeyError:
+                pass
+        try:
+            self.replica_healthy.remove(replica, revision)
+        except KeyError:
+            pass

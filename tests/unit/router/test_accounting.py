@@ -1,0 +1,77 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenyard.router.accounting import EjectionPolicy, FailureTracker, LoadLedger
+
+
+def test_ticket_releases_prefill_on_first_token_then_decode_then_rest():
+    ledger = LoadLedger()
+    ticket = ledger.open("a", prefill_tokens=100, decode_tokens=10)
+    assert ledger.load("a").tokens == 110 and ledger.load("a").requests == 1
+    ledger.first_token(ticket)
+    assert ledger.load("a").tokens == 10
+    ledger.generated(ticket, 3)
+    assert ledger.load("a").tokens == 7
+    ledger.close(ticket)
+    assert ledger.load("a").tokens == 0 and ledger.load("a").requests == 0
+    ledger.close(ticket)  # idempotent
+    assert ledger.load("a").requests == 0
+    assert ledger.open_tickets() == 0
+
+
+def test_generating_more_than_expected_never_goes_negative():
+    ledger = LoadLedger()
+    ticket = ledger.open("a", 5, 2)
+    ledger.generated(ticket, 50)
+    assert ledger.load("a").tokens == 0
+    ledger.close(ticket)
+    assert ledger.load("a").tokens == 0
+
+
+operations = st.lists(
+    st.tuples(st.sampled_from(["open", "first", "gen", "close"]), st.integers(0, 5), st.integers(0, 500)),
+    max_size=60,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(operations)
+def test_ledger_never_negative_and_returns_to_zero_when_every_ticket_closes(ops):
+    ledger = LoadLedger()
+    tickets = []
+    for op, which, amount in ops:
+        if op == "open":
+            tickets.append(ledger.open(f"r{which % 3}", amount, amount // 2))
+        elif tickets:
+            ticket = tickets[which % len(tickets)]
+            if op == "first":
+                ledger.first_token(ticket)
+            elif op == "gen":
+                ledger.generated(ticket, amount)
+            else:
+                ledger.close(ticket)
+        for name in ("r0", "r1", "r2"):
+            load = ledger.load(name)
+            assert load.tokens >= 0 and load.requests >= 0
+            assert load.tokens == sum(t.tokens_left for t in tickets if t.replica == name and not t.closed)
+    for ticket in tickets:
+        ledger.close(ticket)
+    assert ledger.snapshot() == {}
+
+
+def test_ejection_after_consecutive_failures_with_backoff():
+    tracker = FailureTracker(EjectionPolicy(consecutive_failures=2, base_s=10, max_s=15))
+    assert not tracker.record_failure("a", now=0)
+    assert tracker.record_failure("a", now=1)
+    assert tracker.is_ejected("a", now=5) and not tracker.is_ejected("a", now=11.5)
+    tracker.record_failure("a", now=12)
+    assert tracker.record_failure("a", now=13)  # second ejection in a row: doubled, capped at 15
+    assert tracker.is_ejected("a", now=27) and not tracker.is_ejected("a", now=28.5)
+    tracker.record_success("a")
+    assert not tracker.is_ejected("a", now=14)
+
+
+def test_success_resets_the_failure_count():
+    tracker = FailureTracker(EjectionPolicy(consecutive_failures=2))
+    tracker.record_failure("a", now=0)
+    tracker.record_success("a")
+    assert not tracker.record_failure("a", now=1)

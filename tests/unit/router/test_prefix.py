@@ -1,0 +1,103 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenyard.router.prefix import PrefixIndex, ReplicaPrefixCache, estimate_tokens, hash_prompt
+
+
+def test_chained_hashes_share_exactly_the_common_prefix_blocks():
+    block = 16 * 4  # block_size tokens * chars per token
+    base = "s" * (3 * block)
+    a = hash_prompt(base + "a" * block)
+    b = hash_prompt(base + "b" * block)
+    assert len(a.hashes) == len(b.hashes) == 4
+    assert a.hashes[:3] == b.hashes[:3]
+    assert a.hashes[3] != b.hashes[3]
+
+
+def test_same_block_content_at_another_position_hashes_differently():
+    block = "x" * 64
+    h = hash_prompt(block * 2).hashes
+    assert h[0] != h[1]  # chained: block 1's hash covers block 0 as well
+
+
+def test_partial_trailing_block_is_not_hashed_and_tokens_are_estimated():
+    blocks = hash_prompt("y" * 100)
+    assert len(blocks.hashes) == 1
+    assert blocks.prompt_tokens == estimate_tokens("y" * 100) == 25
+
+
+def test_tokenizer_mode_blocks_by_token_ids():
+    tokenizer = lambda text: [ord(c) for c in text]  # noqa: E731 - one token per character
+    blocks = hash_prompt("abcdefgh" * 4, block_size=8, tokenizer=tokenizer)
+    assert len(blocks.hashes) == 4
+    assert blocks.prompt_tokens == 32
+    assert blocks.tokens_per_block == 8
+
+
+def test_match_counts_leading_blocks_only():
+    cache = ReplicaPrefixCache(capacity_blocks=100)
+    cache.insert([1, 2, 3], now=0)
+    assert cache.match_blocks([1, 2, 3, 4], now=0) == 3
+    assert cache.match_blocks([9, 2, 3], now=0) == 0
+
+
+def test_lru_eviction_drops_least_recent_prompt_tail_first():
+    cache = ReplicaPrefixCache(capacity_blocks=4)
+    cache.insert([1, 2, 3], now=0)
+    cache.insert([10, 11], now=1)
+    assert len(cache) == 4
+    # the tail of the older prompt went first; its head survives
+    assert cache.contains(1) and cache.contains(2) and not cache.contains(3)
+    assert cache.match_blocks([1, 2, 3], now=1) == 2
+
+
+def test_touching_a_prefix_protects_it_from_eviction():
+    cache = ReplicaPrefixCache(capacity_blocks=3)
+    cache.insert([1, 2], now=0)
+    cache.insert([3], now=1)
+    cache.insert([1], now=2)  # 1 is now the most recent
+    cache.insert([4], now=3)  # evicts 2 (oldest), not 1
+    assert cache.contains(1) and not cache.contains(2)
+
+
+def test_entries_age_out():
+    cache = ReplicaPrefixCache(capacity_blocks=10, max_age_s=5)
+    cache.insert([1, 2], now=0)
+    assert cache.match_blocks([1, 2], now=4) == 2
+    assert cache.match_blocks([1, 2], now=6) == 0
+    assert len(cache) == 0
+
+
+def test_capacity_follows_the_replica_report():
+    index = PrefixIndex(default_capacity_blocks=10)
+    index.insert("r", list(range(10)), now=0)
+    index.set_capacity("r", 4)
+    assert len(index.replica("r")) == 4
+    assert index.match_blocks("unknown", [1], now=0) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 20),
+    prompts=st.lists(st.lists(st.integers(0, 30), min_size=0, max_size=12), max_size=25),
+)
+def test_index_never_exceeds_capacity_and_the_last_prompt_matches_within_capacity(capacity, prompts):
+    cache = ReplicaPrefixCache(capacity_blocks=capacity)
+    for t, prompt in enumerate(prompts):
+        hashes = list(dict.fromkeys(prompt))  # chained hashes of one prompt are distinct
+        cache.insert(hashes, now=t)
+        assert len(cache) <= capacity
+        # right after insertion the prompt's head (up to the capacity) is present
+        assert cache.match_blocks(hashes, now=t) == min(len(hashes), capacity)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.text(max_size=400), st.text(max_size=400))
+def test_common_prefix_blocks_are_shared(a, b):
+    ha, hb = hash_prompt(a), hash_prompt(b)
+    common = 0
+    for x, y in zip(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"), strict=False):
+        if x != y:
+            break
+        common += 1
+    full_common_blocks = common // 64
+    assert ha.hashes[:full_common_blocks] == hb.hashes[:full_common_blocks]

@@ -1,0 +1,128 @@
+import random
+
+import pytest
+from tokenyard.router.__main__ import build_parser, options_from_args, parse_weights
+from tokenyard.router.discovery import ConfigError, Endpoint, ModelView, Shadow
+from tokenyard.router.enginestats import parse_vllm_metrics
+from tokenyard.router.state import RouterState, RoutingError, prompt_of, render_chat
+
+PROMPT = "shared system prompt " * 100
+
+VLLM_METRICS = """# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 3.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 7.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 0.42
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="m"} 100.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{model_name="m"} 400.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",num_gpu_blocks="1234",enable_prefix_caching="True"} 1.0
+"""
+
+
+def state_with(endpoints, **view) -> RouterState:
+    state = RouterState(rng=random.Random(0))
+    state.set_models({"m": ModelView("m", tuple(endpoints), **view)})
+    return state
+
+
+def test_parse_vllm_metrics_and_freshness():
+    stats = parse_vllm_metrics(VLLM_METRICS, scraped_at=10.0)
+    assert (stats.waiting, stats.running, stats.kv_usage) == (3.0, 7.0, 0.42)
+    assert (stats.block_size, stats.num_gpu_blocks) == (16, 1234)
+    assert (stats.prefix_hits, stats.prefix_queries) == (100.0, 400.0)
+    assert stats.fresh(now=14.0, max_age_s=5) and not stats.fresh(now=16.0, max_age_s=5)
+
+
+def test_stale_engine_stats_are_unknown_not_zero():
+    state = state_with([Endpoint("a", "http://a")])
+    state.record_stats("a", parse_vllm_metrics(VLLM_METRICS, scraped_at=0.0))
+    assert state.snapshot(state.models["m"].endpoints[0], now=1.0).queue_waiting == 3.0
+    assert state.index.replica("a").capacity_blocks == 1234
+    stale = state.snapshot(state.models["m"].endpoints[0], now=100.0)
+    assert stale.queue_waiting is None and stale.kv_usage is None
+
+
+def test_route_opens_a_ticket_indexes_the_prompt_and_follows_the_prefix():
+    state = state_with([Endpoint("a", "http://a"), Endpoint("b", "http://b")])
+    first = state.route("m", PROMPT + "one", 50, now=0)
+    assert first.prefix_match_tokens == 0
+    assert state.ledger.load(first.endpoint.name).tokens == first.prompt_tokens + 50
+    state.ledger.close(first.ticket)
+    second = state.route("m", PROMPT + "two", 50, now=1)
+    assert second.endpoint == first.endpoint and second.prefix_match_tokens > 400
+    # only the uncached part counts as prefill work
+    assert second.ticket.prefill_left == second.prompt_tokens - second.prefix_match_tokens
+
+
+def test_route_errors_name_the_problem():
+    state = state_with([Endpoint("a", "http://a")])
+    with pytest.raises(RoutingError) as unknown:
+        state.route("x", "hi", 1, now=0)
+    assert unknown.value.status == 404 and "'x'" in unknown.value.message
+    with pytest.raises(RoutingError) as none_left:
+        state.route("m", "hi", 1, now=0, exclude=["a"])
+    assert none_left.value.status == 503
+    state.unreachable.add("a")
+    with pytest.raises(RoutingError) as unhealthy:
+        state.route("m", "hi", 1, now=0)
+    assert unhealthy.value.status == 503 and "healthy" in unhealthy.value.message
+
+
+def test_shadow_revision_gets_only_copies_and_canary_split_applies():
+    endpoints = [Endpoint("a", "http://a", "v1"), Endpoint("b", "http://b", "v2")]
+    state = state_with(endpoints, shadow=Shadow("v2", 1.0))
+    for i in range(20):
+        assert state.route("m", f"p{i}", 1, now=i).endpoint.name == "a"
+        assert state.route("m", f"p{i}", 1, now=i, shadow=True).endpoint.name == "b"
+    assert state.shadow_wanted("m")
+    canary = state_with(endpoints, traffic=(("v1", 0), ("v2", 100)))
+    assert {canary.route("m", f"p{i}", 1, now=i).endpoint.name for i in range(20)} == {"b"}
+
+
+def test_chat_rendering_keeps_earlier_turns_as_a_prefix():
+    turn1 = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    turn2 = turn1 + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    assert render_chat(turn2).startswith(render_chat(turn1))
+    assert prompt_of({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}).endswith(
+        "x\n"
+    )
+    with pytest.raises(ValueError):
+        prompt_of({"prompt": 3})
+
+
+def test_cli_arguments():
+    parser = build_parser()
+    options = options_from_args(
+        parser.parse_args(
+            [
+                "--backend",
+                "a=http://127.0.0.1:1#v1",
+                "--backend",
+                "http://127.0.0.1:2",
+                "--traffic",
+                "v1=100",
+                "--weights",
+                "prefixCache=2,queue=0",
+                "--grpc-port",
+                "-1",
+            ]
+        )
+    )
+    assert [b.name for b in options.static.backends] == ["a", "127.0.0.1:2"]
+    assert options.static.weights == {"prefixCache": 2.0, "queue": 0.0}
+    assert options.grpc_port is None
+    with pytest.raises(ConfigError, match="exactly one"):
+        options_from_args(parser.parse_args([]))
+    with pytest.raises(ConfigError, match="duplicate"):
+        options_from_args(
+            parser.parse_args(["--backend", "a=http://127.0.0.1:1", "--backend", "a=http://127.0.0.1:2"])
+        )
+    with pytest.raises(ConfigError, match="--weights"):
+        parse_weights("bogus=1")
+    with pytest.raises(SystemExit) as bad:
+        parser.parse_args(["--port", "x"])
+    assert bad.value.code == 2
