@@ -176,13 +176,13 @@ def engine_scrape_config(devcluster: DevCluster) -> dict:
 
 
 def prometheus_process(folder: Path, scrape_configs: list[dict]) -> tuple[ManagedProcess, str]:
-    """The real Prometheus (Debian's package) on a free loopback port, scraping every second."""
-    import shutil
+    """A real Prometheus on a free loopback port, scraping every second: the one `make binaries` builds (it
+    has Kubernetes service discovery, which Debian's package lacks)."""
     import socket
 
-    binary = shutil.which("prometheus")
+    binary = ensure_binaries(build=False).prometheus
     if binary is None:
-        pytest.fail("prometheus is not installed (apt-get install prometheus); .ci/run installs it")
+        pytest.fail("no prometheus in the binary cache; `make binaries` builds it")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -22,9 +22,12 @@ KUBERNETES_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.7.0"
 HELM_VERSION = "v4.3.2"
+# Prometheus v3.16.0 (published as module v0.316.0): Debian's package lacks Kubernetes service discovery.
+PROMETHEUS_MODULE_VERSION = "v0.316.0"
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
-NAMES = (*CONTROL_PLANE, "helm")  # helm is for the chart's tests and installs, not for running the cluster
+# helm and prometheus serve the tests and the demo, not the control plane itself
+NAMES = (*CONTROL_PLANE, "helm", "prometheus")
 BUILD_SCRIPT = Path(__file__).with_name("build-binaries.sh")
 
 
@@ -41,6 +44,7 @@ class Binaries:
     kubectl: Path
     kwok: Path
     helm: Path | None
+    prometheus: Path | None
 
 
 def cache_root() -> Path:
@@ -73,7 +77,7 @@ def ensure_binaries(build: bool = True, required: tuple[str, ...] = CONTROL_PLAN
                 f"missing {', '.join(missing)} in {', '.join(map(str, folders))} and no `go` on PATH to build them"
             )
         result = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), str(cache_dir()), KUBERNETES_VERSION, ETCD_VERSION, KWOK_VERSION, HELM_VERSION],
+            ["bash", str(BUILD_SCRIPT), str(cache_dir()), KUBERNETES_VERSION, ETCD_VERSION, KWOK_VERSION, HELM_VERSION, PROMETHEUS_MODULE_VERSION],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -2,14 +2,14 @@
 # Builds the control-plane binaries of the local cluster from their Go modules
 # into a cache folder, one sub-folder per pinned version, so later starts reuse them.
 #
-#   build-binaries.sh OUT_DIR KUBE_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION
+#   build-binaries.sh OUT_DIR KUBE_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION PROMETHEUS_MODULE_VERSION
 #
 # k8s.io/kubernetes cannot be `go install`ed: its go.mod requires every staging
 # module at v0.0.0 and replaces it with a local path. A throw-away wrapper module
 # requires k8s.io/kubernetes vX.Y.Z and replaces each staging module named in that
 # go.mod with its published v0.Y.Z. etcd's server module has the same shape.
 set -euo pipefail
-out=$1 kube=$2 etcd=$3 kwok=$4 helm=$5
+out=$1 kube=$2 etcd=$3 kwok=$4 helm=$5 prom=$6
 mkdir -p "$out"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 work=$(mktemp -d)
@@ -62,5 +62,16 @@ fi
 if [ ! -x "$out/helm" ]; then
   echo "building helm $helm" >&2
   GOBIN="$out" go install -trimpath -ldflags "-s -w" "helm.sh/helm/v4/cmd/helm@$helm"
+fi
+# Debian's prometheus package is built without Kubernetes service discovery; this one has it.
+# Prometheus v3.Y.Z is published as the Go module version v0.3YY.Z.
+if [ ! -x "$out/prometheus" ]; then
+  mkdir -p "$work/prom" && cd "$work/prom"
+  printf 'module tokenyard.dev/wrapper\ngo 1.25.0\nrequire github.com/prometheus/prometheus %s\n' "$prom" > go.mod
+  printf 'package wrapper\nimport _ "github.com/prometheus/prometheus/cmd/prometheus"\n' > tools.go
+  go mod tidy >/dev/null 2>&1 || true
+  echo "building prometheus (module $prom)" >&2
+  go build -trimpath -ldflags "-s -w -X github.com/prometheus/common/version.Version=$prom" \
+    -o "$out/prometheus" github.com/prometheus/prometheus/cmd/prometheus
 fi
 echo "binaries ready in $out" >&2
