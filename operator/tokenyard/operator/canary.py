@@ -146,7 +146,10 @@ class PrometheusAnalysis:
         totals, bads = await self._by_revision(session, total), await self._by_revision(session, bad)
         if shadow:
             # A shadow step's canary answers only copies: its counts come from the shadow metrics.
-            shadow_total = f"sum by (revision) (increase(tokenyard_router_shadow_requests_total{{{sel}}}[{window}]))"
+            # Dropped copies (no shadow replica available, or too many in flight) were never answered.
+            shadow_total = (
+                f'sum by (revision) (increase(tokenyard_router_shadow_requests_total{{{sel},outcome=~"ok|error"}}[{window}]))'
+            )
             shadow_bad = (
                 f'sum by (revision) (increase(tokenyard_router_shadow_requests_total{{{sel},outcome="error"}}[{window}]))'
             )
@@ -156,6 +159,9 @@ class PrometheusAnalysis:
         def counts(revision):
             requests = totals.get(revision)
             events = bads.get(revision, 0.0 if requests is not None else None)
+            if requests is not None and events is not None:
+                # increase() extrapolates each series on its own, so errors can exceed requests by a hair.
+                events = min(events, requests)
             return ProportionCounts(requests, events)
 
         return counts(canary), counts(stable)
