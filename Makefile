@@ -66,7 +66,6 @@ bench-sim: $(STAMP) proto
 	$(PY) bench/bench_sim.py
 
 bench-router: $(STAMP) proto
-	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/bench_router.py
 
 bench-placement: $(STAMP) proto

@@ -225,3 +225,26 @@ def test_shadow_step_never_changes_what_the_client_receives(stack, kube_api, nam
             raise AssertionError(f"rollout: {status.get('rollout')}; shadow: {status.get('shadow')}") from failure
     assert load.errors() == [], f"shadow copies leaked errors to clients: {load.errors()[:5]}"
     assert set(load.by_revision()) == {stable}, f"a client was answered by the shadow revision: {load.by_revision()}"
+
+
+def test_prometheus_stopped_mid_analysis_pauses_the_rollout(stack, kube_api, namespace):
+    rollout = {
+        "strategy": "Canary",
+        "analysis": {"minRequests": 1000000},  # never enough: the analysis stays pending while Prometheus answers
+        "steps": [{"setWeight": 50}, {"analysis": {"timeoutSeconds": 120}}],
+    }
+    custom, get = start(kube_api, namespace, deployment(rollout), stack["router"])
+    with Load(stack["router"], workers=2):
+        update(custom, namespace, {"engine": {"image": "vllm/vllm-openai:v0.12.0", "env": []}})
+        wait_for(lambda: (get()["status"].get("rollout") or {}).get("analysis", {}).get("decision") == "Pending",
+                 timeout=90, interval=0.5, what="the analysis to run")
+        stack["processes"][0].stop()  # Prometheus
+
+        def paused():
+            rollout_status = get()["status"].get("rollout") or {}
+            return rollout_status.get("phase") == "Paused" and rollout_status
+
+        paused_status = wait_for(paused, timeout=60, interval=0.5, what="the rollout to pause")
+    assert paused_status["state"]["pauseReason"] == "AnalysisInconclusive"
+    assert "Prometheus" in paused_status["analysis"]["reason"], paused_status["analysis"]
+    assert paused_status["canaryRevision"] and paused_status["step"] == 1, "the rollout neither promoted nor rolled back"

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one clear line on stderr and exit status 2 (not the usage block argparse prints)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
 
 COMPONENTS = ("operator", "router", "autoscaler", "sim", "devcluster")
 

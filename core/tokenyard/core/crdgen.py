@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from tokenyard.core import labels, types
 
 # JSON-schema keys a structural schema keeps as they are.

@@ -17,7 +17,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-
 from tokenyard.core import labels
 
 
@@ -337,8 +336,14 @@ class ScorerWeights(ApiModel):
 
     outstanding_tokens: float = Field(default=1.0, ge=0, description="Weight of the outstanding-tokens (load) scorer.")
     prefix_cache: float = Field(default=1.0, ge=0, description="Weight of the prefix-cache locality scorer.")
-    kv_cache: float = Field(default=0.5, ge=0, description="Weight of the KV-cache occupancy scorer.")
-    queue: float = Field(default=0.5, ge=0, description="Weight of the waiting-requests scorer.")
+    # 0 by default: scraped engine metrics lag by up to a scrape behind the router's own accounting, and
+    # bench-router measured them making TTFT p99 worse whenever the router sees all the traffic.
+    kv_cache: float = Field(
+        default=0.0, ge=0, description="Weight of the KV-cache occupancy scorer (scraped; useful when traffic bypasses the router)."
+    )
+    queue: float = Field(
+        default=0.0, ge=0, description="Weight of the waiting-requests scorer (scraped; useful when traffic bypasses the router)."
+    )
 
 
 class Routing(ApiModel):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from tokenyard.core.cli import OneLineParser
 from tokenyard.devcluster.binaries import NAMES, BinaryError, cache_root, ensure_binaries
 from tokenyard.devcluster.cluster import DEFAULT_API_PORT, ClusterError, DevCluster
 from tokenyard.devcluster.topology import Topology
@@ -19,7 +19,7 @@ def default_state_dir() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m tokenyard.devcluster",
         description="A real local Kubernetes control plane (etcd, kube-apiserver, controller manager, scheduler) "
         "with fake GPU nodes from kwok.",

@@ -18,7 +18,6 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-
 from tokenyard.devcluster.binaries import ensure_binaries
 from tokenyard.devcluster.cluster import DevCluster, free_port
 

@@ -9,10 +9,11 @@ import sys
 
 import kopf
 from prometheus_client import start_http_server
+from tokenyard.core.cli import OneLineParser
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m tokenyard.operator",
         description="Reconciles ModelDeployments into topology-placed replica groups of engine pods.",
     )

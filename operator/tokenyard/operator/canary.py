@@ -56,7 +56,9 @@ def strategy_from_spec(spec: ModelDeploymentSpec) -> Strategy:
     return Strategy(
         tuple(steps),
         replicas=max(1, spec.replicas),
-        max_surge=spec.rollout.max_surge or None,
+        # The canary gets the groups its traffic weight needs (the stable revision keeps all of its own);
+        # rollout.maxSurge bounds rolling updates, not the canary's size.
+        max_surge=None,
         drain_timeout_s=float(spec.rollout.drain_seconds),
         auto_rollback=spec.rollout.auto_rollback,
     )

@@ -174,9 +174,8 @@ def decide_targets(
     return decision
 
 
-def next_indices(groups: Sequence[GroupView], count: int) -> list[int]:
-    """The smallest group indices not in use by any group (of any revision)."""
-    used = {g.index for g in groups}
+def next_indices(used: set[int], count: int) -> list[int]:
+    """The smallest group indices not in `used` (the indices of every group, of any revision)."""
     out: list[int] = []
     candidate = 0
     while len(out) < count:

@@ -241,6 +241,8 @@ async def run_deployment(
         # Coalesce bursts of pod events (a group's pods change together) into one reconcile.
         await asyncio.sleep(0.2)
     RUNTIME.wakeups.pop(key, None)
+    metrics.forget_deployment(namespace, name)
+    _weighted_revisions.pop(key, None)
 
 
 async def reconcile(
@@ -291,7 +293,7 @@ async def reconcile(
             decision.scale_down,
             levels,
         )
-        by_key = {f"{name}/{g.index}": g for g in decision.scale_down_candidates}
+        by_key = {_group_key(name, g): g for g in decision.scale_down_candidates}
         to_delete += [(by_key[k], f"scaling down to {spec.replicas} groups") for k in chosen]
 
     for group, reason in to_delete:
@@ -303,12 +305,13 @@ async def reconcile(
             kopf.info(body, reason="GroupRemoved", message=f"group {group.index} (revision {group.revision}): {reason}")
 
     capacity_problem = None
+    used_indices = {g.index for g in groups}
     for revision, count in creates.items():
         revision_spec = _spec_of_revision(spec, revision, update_revision, body)
         if revision_spec is None:
             logger.warning(f"cannot recreate groups of revision {revision}: its template is not in the history")
             continue
-        problem = await _create_groups(name, namespace, body, revision_spec, revision, groups, count, levels, logger)
+        problem = await _create_groups(name, namespace, body, revision_spec, revision, used_indices, count, levels, logger)
         capacity_problem = capacity_problem or problem
 
     deleted = {(g.index, g.revision) for g, _ in to_delete}
@@ -378,6 +381,7 @@ async def _canary_step(body: Any, spec: ModelDeploymentSpec, update_revision: st
             shadow = {"revision": action.revision, "fraction": action.fraction}
     new_state = decision.state
     previous = (status.get("rollout") or {}).get("analysis")
+    _export_rollout_metrics(body, new_state, state, traffic, analysis_status)
     return {
         "targets": targets,
         "current": new_state.stable_revision,
@@ -395,6 +399,28 @@ async def _canary_step(body: Any, spec: ModelDeploymentSpec, update_revision: st
             },
         },
     }
+
+
+_weighted_revisions: dict[tuple[str, str], set[str]] = {}
+
+
+def _export_rollout_metrics(body: Any, new_state: Any, old_state: Any, traffic: list[dict[str, Any]], analysis: dict | None) -> None:
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    for phase in ("Healthy", "Progressing", "Paused", "Promoting", "RollingBack", "RolledBack"):
+        metrics.ROLLOUT_PHASE.labels(namespace, name, phase).set(1 if str(new_state.phase) == phase else 0)
+    if new_state.phase != old_state.phase:
+        metrics.ROLLOUT_TRANSITIONS.labels(namespace, name, str(new_state.phase)).inc()
+    metrics.ROLLOUT_STEP.labels(namespace, name).set(new_state.step_index)
+    revisions = {weight["revision"] for weight in traffic}
+    for gone in _weighted_revisions.get((namespace, name), set()) - revisions:
+        metrics.ROLLOUT_WEIGHT.remove(namespace, name, gone)  # a revision out of the traffic loses its series
+    _weighted_revisions[(namespace, name)] = revisions
+    for weight in traffic:
+        metrics.ROLLOUT_WEIGHT.labels(namespace, name, weight["revision"]).set(weight["weight"])
+    for verdict in (analysis or {}).get("metrics", []):
+        if verdict.get("statistic") is not None:
+            metrics.ROLLOUT_ANALYSIS_STATISTIC.labels(namespace, name, verdict["metric"]).set(verdict["statistic"])
+        metrics.ROLLOUT_ANALYSIS_THRESHOLD.labels(namespace, name, verdict["metric"]).set(verdict["threshold"])
 
 
 def _group_views(pods: Iterable[dict[str, Any]]) -> list[GroupView]:
@@ -454,11 +480,16 @@ def _nodes(summaries: Iterable[dict[str, Any]], pod_gpus_index: Any) -> list[Nod
     ]
 
 
+def _group_key(name: str, group: GroupView) -> str:
+    # Indices are unique per deployment, but during a rollout two revisions' groups are compared together.
+    return f"{name}/{group.revision}/{group.index}"
+
+
 def _assignment(name: str, group: GroupView, node_list: list[Node], spec: ModelDeploymentSpec) -> Assignment:
     nodes_of_group = tuple(m.node or "" for m in group.members)
     products = {n.name: n.gpu_product for n in node_list}
     return Assignment(
-        group_key=f"{name}/{group.index}",
+        group_key=_group_key(name, group),
         nodes=nodes_of_group,
         gpus_per_pod=spec.parallelism.pod_gpus,
         gpu_product=products.get(nodes_of_group[0], "") if nodes_of_group else "",
@@ -472,14 +503,16 @@ async def _create_groups(
     body: Any,
     spec: ModelDeploymentSpec,
     revision: str,
-    groups: list[GroupView],
+    used_indices: set[int],
     count: int,
     levels: list[TopologyLevel],
     logger: logging.Logger,
 ) -> str | None:
-    """Place and create `count` new groups; return the capacity problem when some could not be placed."""
+    """Place and create `count` new groups; return the capacity problem when some could not be placed.
+    `used_indices` is shared by every revision created in one reconcile, and grows with the new groups."""
     par = spec.parallelism
-    indices = next_indices(groups, count)
+    indices = next_indices(used_indices, count)
+    used_indices.update(indices)
     strategy = SPREAD if spec.placement.strategy == "Spread" else BEST_FIT
     requests = [
         GroupRequest(

@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from tokenyard.core.cli import OneLineParser
 from tokenyard.router.core import DEFAULT_WEIGHTS, HotSpotGuard, SaturationLimits, Scorer
 from tokenyard.router.discovery import (
     ConfigError,
@@ -23,13 +24,6 @@ from tokenyard.router.server import RouterServer, ServerOptions
 from tokenyard.router.state import RouterSettings
 
 log = logging.getLogger("tokenyard.router")
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad arguments: one clear line on stderr and exit status 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

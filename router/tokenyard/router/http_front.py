@@ -83,7 +83,13 @@ class HttpFront:
                 413, f"request body is {request.content_length} bytes; the limit is {self.max_body_bytes}"
             )
         try:
-            raw = await request.content.read(self.max_body_bytes + 1)
+            # read(n) returns what has arrived so far, up to n: a body in several TCP segments needs a loop.
+            raw = b""
+            while len(raw) <= self.max_body_bytes:
+                chunk = await request.content.read(self.max_body_bytes + 1 - len(raw))
+                if not chunk:
+                    break
+                raw += chunk
         except (aiohttp.ClientPayloadError, ConnectionError) as error:
             return error_response(400, f"could not read the request body: {error}")
         if len(raw) > self.max_body_bytes:

@@ -189,7 +189,9 @@ class PodRunner:
                     self._api.list_pod_for_all_namespaces,
                     label_selector=POD_SELECTOR,
                     resource_version=listing.metadata.resource_version,
-                    timeout_seconds=60,
+                    # Short watches: this thread can only notice a stop between events or at the end of a
+                    # watch, and SIGTERM must stop the runner well inside a pod's 30 s grace period.
+                    timeout_seconds=5,
                 ):
                     if self._stop.is_set():
                         w.stop()

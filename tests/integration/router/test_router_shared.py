@@ -61,7 +61,8 @@ async def test_two_routers_share_prefixes_and_load_and_survive_redis_loss(
     await wait_for(b_knows_prefix, 5, "router b to learn router a's prefix")
 
     # load routed through a shows in b's accounting while the stream runs, and goes when it ends
-    body = {"model": MODEL, "prompt": "a long one", "max_tokens": 5000, "stream": True}
+    # ignore_eos: without it the engine ends the stream at a length of its own choosing (as a model would)
+    body = {"model": MODEL, "prompt": "a long one", "max_tokens": 5000, "stream": True, "ignore_eos": True}
     holder = await http.post(a.url + "/v1/completions", json=body)
     await holder.content.readany()
     held = holder.headers["x-tokenyard-replica"]
@@ -73,7 +74,13 @@ async def test_two_routers_share_prefixes_and_load_and_survive_redis_loss(
 
         return check
 
-    await wait_for(await b_sees_load(True), 10, "router b to see a's outstanding tokens")
+    try:
+        await wait_for(await b_sees_load(True), 10, "router b to see a's outstanding tokens")
+    except AssertionError as failure:
+        seen = {
+            name: await r.metric(http, "tokenyard_router_outstanding_tokens", replica=held) for name, r in (("a", a), ("b", b))
+        }
+        raise AssertionError(f"{failure}; outstanding tokens on {held}: {seen}") from failure
     holder.close()
     await wait_for(await b_sees_load(False), 10, "the shared load to be released")
 

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from tokenyard.core import crdgen, types
 
 ROOT = Path(__file__).resolve().parents[3]

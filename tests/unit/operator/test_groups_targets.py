@@ -1,7 +1,8 @@
 """decide_targets: per-revision group counts during a canary rollout."""
 
-from tests.unit.operator.test_groups import group
 from tokenyard.operator.groups import decide_targets
+
+from tests.unit.operator.test_groups import group
 
 
 def test_each_revision_converges_to_its_target_and_unnamed_revisions_go():

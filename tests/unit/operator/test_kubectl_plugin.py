@@ -1,5 +1,4 @@
 import pytest
-
 from tokenyard.operator.kubectl_plugin import PluginError, describe, undo_patch
 
 

@@ -1,0 +1,15 @@
+from tokenyard.operator import metrics
+
+
+def _samples(family):
+    return [s for m in family.collect() for s in m.samples]
+
+
+def test_forgetting_a_deployment_drops_only_its_series():
+    metrics.PENDING_GROUPS.labels("ns", "gone", "InsufficientCapacity").set(1)
+    metrics.PENDING_GROUPS.labels("ns", "kept", "InsufficientCapacity").set(1)
+    metrics.ROLLOUT_WEIGHT.labels("ns", "gone", "abc").set(50)
+    metrics.forget_deployment("ns", "gone")
+    pending = {s.labels["deployment"] for s in _samples(metrics.PENDING_GROUPS)}
+    assert "gone" not in pending and "kept" in pending
+    assert all(s.labels["deployment"] != "gone" for s in _samples(metrics.ROLLOUT_WEIGHT))
