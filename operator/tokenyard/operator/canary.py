@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+from tokenyard.core.metrics import bucket_at_or_below
 from tokenyard.core.types import AnalysisMetricKind, ModelDeploymentSpec
 from tokenyard.operator.analysis import (
     AnalysisResult,
@@ -182,5 +183,6 @@ class PrometheusAnalysis:
 
 
 def _le(slo: float | None) -> str:
-    """The histogram bucket bound for an SLO, formatted as prometheus_client writes `le` labels."""
-    return repr(float(slo or 0))
+    """The router's histogram bound for an SLO (the largest bucket at or below it, since a series for any other
+    `le` does not exist), formatted as prometheus_client writes `le` labels."""
+    return repr(bucket_at_or_below(float(slo or 0)))

@@ -4,8 +4,8 @@ code; a replica's series are removed when the replica goes)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from tokenyard.core.metrics import LATENCY_BUCKETS_S  # shared with the operator's analysis
 
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 PREFIX_BUCKETS_TOKENS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 
