@@ -33,8 +33,7 @@ from __future__ import annotations
 
 import enum
 import math
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from tokenyard.operator.analysis import Decision
@@ -58,7 +57,6 @@ __all__ = [
     "ShadowStep",
     "Strategy",
     "analysis_window",
-    "parse_duration",
     "start_rollout",
     "step",
 ]
@@ -118,61 +116,6 @@ class AnalysisStep:
 
 Step = SetWeightStep | PauseStep | ShadowStep | AnalysisStep
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(value: object, where: str) -> float:
-    """Seconds from a number or a string such as "30s", "5m", "1h" (``where`` names the field in errors)."""
-    if isinstance(value, bool):
-        raise ValueError(f"{where}: expected a duration such as 30, '30s' or '5m', got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str) and (match := _DURATION.match(value)):
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    else:
-        raise ValueError(f"{where}: expected a duration such as 30, '30s' or '5m', got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{where}: a duration must be finite and ≥ 0, got {value!r}")
-    return seconds
-
-
-def _parse_step(raw: object, where: str) -> Step:
-    if not isinstance(raw, Mapping) or len(raw) != 1:
-        raise ValueError(
-            f"{where}: a step is a mapping with exactly one of setWeight, pause, shadow, analysis"
-        )
-    ((kind, body),) = raw.items()
-    if kind == "setWeight":
-        if isinstance(body, bool) or not isinstance(body, int) or not 0 <= body <= 100:
-            raise ValueError(f"{where}.setWeight: expected an integer percentage 0..100, got {body!r}")
-        return SetWeightStep(body)
-    if kind == "pause":
-        body = body or {}
-        if not isinstance(body, Mapping):
-            raise ValueError(f"{where}.pause: expected a mapping such as {{duration: 60}}, got {body!r}")
-        duration = body.get("duration")
-        return PauseStep(None if duration is None else parse_duration(duration, f"{where}.pause.duration"))
-    if kind == "shadow":
-        if not isinstance(body, Mapping) or "fraction" not in body or "duration" not in body:
-            raise ValueError(f"{where}.shadow: expected {{fraction: 0..1, duration: ...}}, got {body!r}")
-        fraction = body["fraction"]
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
-            raise ValueError(f"{where}.shadow.fraction: expected a number in (0, 1], got {fraction!r}")
-        analysis = body.get("analysis", True)
-        return ShadowStep(
-            float(fraction), parse_duration(body["duration"], f"{where}.shadow.duration"), bool(analysis)
-        )
-    if kind == "analysis":
-        if not isinstance(body, Mapping) or "duration" not in body:
-            raise ValueError(f"{where}.analysis: expected {{duration: ..., metrics: [...]}}, got {body!r}")
-        metrics = body.get("metrics", ())
-        if not isinstance(metrics, Sequence) or isinstance(metrics, str):
-            raise ValueError(f"{where}.analysis.metrics: expected a list, got {metrics!r}")
-        return AnalysisStep(parse_duration(body["duration"], f"{where}.analysis.duration"), tuple(metrics))
-    raise ValueError(f"{where}: unknown step {kind!r}; expected setWeight, pause, shadow or analysis")
-
-
 @dataclass(frozen=True)
 class Strategy:
     """``ModelDeployment.spec.rollout`` in plain form, with the desired number of groups."""
@@ -189,30 +132,6 @@ class Strategy:
             raise ValueError(f"replicas must be ≥ 1 for a rollout, got {self.replicas!r}")
         if self.max_surge is not None and self.max_surge < 1:
             raise ValueError(f"rollout.maxSurge must be ≥ 1 group, got {self.max_surge!r}")
-
-    @classmethod
-    def from_spec(cls, rollout: Mapping | None, replicas: int) -> Strategy:
-        """From ``spec.rollout`` (camelCase, as in the resource); errors name the field."""
-        rollout = rollout or {}
-        raw_steps = rollout.get("steps", ())
-        if not isinstance(raw_steps, Sequence) or isinstance(raw_steps, str):
-            raise ValueError(f"spec.rollout.steps: expected a list, got {raw_steps!r}")
-        steps = tuple(_parse_step(s, f"spec.rollout.steps[{i}]") for i, s in enumerate(raw_steps))
-        kwargs: dict = {}
-        if "maxSurge" in rollout:
-            surge = rollout["maxSurge"]
-            if isinstance(surge, bool) or not isinstance(surge, int):
-                raise ValueError(f"spec.rollout.maxSurge: expected a whole number of groups, got {surge!r}")
-            kwargs["max_surge"] = surge
-        if "drainTimeout" in rollout:
-            kwargs["drain_timeout_s"] = parse_duration(rollout["drainTimeout"], "spec.rollout.drainTimeout")
-        if "progressDeadline" in rollout:
-            kwargs["progress_deadline_s"] = parse_duration(
-                rollout["progressDeadline"], "spec.rollout.progressDeadline"
-            )
-        if "autoRollback" in rollout:
-            kwargs["auto_rollback"] = bool(rollout["autoRollback"])
-        return cls(steps, replicas, **kwargs)
 
     def canary_groups_for(self, weight: int) -> int:
         """Groups the canary needs to carry ``weight`` percent of the traffic (at least one while a

@@ -24,7 +24,6 @@ from tokenyard.operator.rollout import (
     ShadowStep,
     Strategy,
     analysis_window,
-    parse_duration,
     start_rollout,
     step,
 )
@@ -59,63 +58,44 @@ def strategy(*steps, replicas=4, **kwargs) -> Strategy:
     return Strategy(tuple(steps), replicas, **kwargs)
 
 
-# --- parsing ---------------------------------------------------------------------------------------------
+# --- from the resource ----------------------------------------------------------------------------------
 
 
-def test_strategy_from_spec():
-    spec = {
-        "steps": [
-            {"setWeight": 10},
-            {"pause": {"duration": "1m"}},
-            {"shadow": {"fraction": 0.2, "duration": "5m"}},
-            {"analysis": {"duration": 300, "metrics": [{"name": "errors"}]}},
-            {"pause": {}},
-        ],
-        "maxSurge": 2,
-        "drainTimeout": "45s",
-        "autoRollback": False,
-    }
-    parsed = Strategy.from_spec(spec, replicas=3)
+def test_strategy_from_the_model_deployment_spec():
+    from tokenyard.core.types import ModelDeploymentSpec
+    from tokenyard.operator.canary import strategy_from_spec
+
+    spec = ModelDeploymentSpec.parse(
+        {
+            "model": {"weights": {"uri": "hf://m"}},
+            "engine": {"image": "vllm"},
+            "replicas": 3,
+            "rollout": {
+                "strategy": "Canary",
+                "maxSurge": 1,
+                "drainSeconds": 45,
+                "autoRollback": False,
+                "steps": [
+                    {"setWeight": 10},
+                    {"pause": {"durationSeconds": 60}},
+                    {"shadow": {"fraction": 0.2, "durationSeconds": 300}},
+                    {"analysis": {"timeoutSeconds": 300}},
+                    {"pause": {}},
+                ],
+            },
+        }
+    )
+    parsed = strategy_from_spec(spec)
     assert parsed.steps == (
         SetWeightStep(10),
         PauseStep(60.0),
         ShadowStep(0.2, 300.0),
-        AnalysisStep(300.0, ({"name": "errors"},)),
+        AnalysisStep(300.0),
         PauseStep(None),
     )
-    assert (parsed.max_surge, parsed.drain_timeout_s, parsed.auto_rollback) == (2, 45.0, False)
-
-
-@pytest.mark.parametrize(
-    "steps, field",
-    [
-        ([{"setWeight": 120}], r"steps\[0\].setWeight"),
-        ([{"setWeight": 10}, {"pause": {"duration": "soon"}}], r"steps\[1\].pause.duration"),
-        ([{"shadow": {"fraction": 2, "duration": 10}}], r"steps\[0\].shadow.fraction"),
-        ([{"analysis": {}}], r"steps\[0\].analysis"),
-        ([{"canary": 1}], r"steps\[0\]: unknown step 'canary'"),
-        ([{"setWeight": 1, "pause": {}}], r"steps\[0\]: a step is a mapping with exactly one"),
-    ],
-)
-def test_bad_steps_name_the_field(steps, field):
-    with pytest.raises(ValueError, match=field):
-        Strategy.from_spec({"steps": steps}, replicas=2)
-
-
-def test_bad_surge_names_the_field():
-    with pytest.raises(ValueError, match="spec.rollout.maxSurge"):
-        Strategy.from_spec({"steps": [], "maxSurge": "25%"}, replicas=2)
-    with pytest.raises(ValueError, match="maxSurge must be ≥ 1"):
-        Strategy.from_spec({"steps": [], "maxSurge": 0}, replicas=2)
-
-
-def test_durations():
-    assert parse_duration("90s", "x") == 90
-    assert parse_duration("2m", "x") == 120
-    assert parse_duration("1.5h", "x") == 5400
-    assert parse_duration(7, "x") == 7
-    with pytest.raises(ValueError, match="spec.x"):
-        parse_duration("-3s", "spec.x")
+    assert (parsed.replicas, parsed.drain_timeout_s, parsed.auto_rollback) == (3, 45.0, False)
+    # The canary is sized by its weight, not by the rolling update's maxSurge: 50% of 3 groups needs 2.
+    assert parsed.canary_groups_for(50) == 2
 
 
 def test_canary_groups_follow_the_weight_and_the_surge():
