@@ -80,6 +80,9 @@ class Runtime:
         self.reservations: dict[str, tuple[str, int, float]] = {}
         self.placement_lock = asyncio.Lock()
         self.last_capacity_message: dict[tuple[str, str], str] = {}
+        # (namespace, deployment) -> the shape of its groups: best fit protects, and stranded GPUs are measured
+        # against, the shapes of every deployment this operator runs, not only the one reconciling.
+        self.shapes: dict[tuple[str, str], GroupShape] = {}
 
     def wakeup(self, key: tuple[str, str]) -> asyncio.Event:
         return self.wakeups.setdefault(key, asyncio.Event())
@@ -241,6 +244,7 @@ async def run_deployment(
         # Coalesce bursts of pod events (a group's pods change together) into one reconcile.
         await asyncio.sleep(0.2)
     RUNTIME.wakeups.pop(key, None)
+    RUNTIME.shapes.pop(key, None)
     metrics.forget_deployment(namespace, name)
     _weighted_revisions.pop(key, None)
 
@@ -283,6 +287,9 @@ async def reconcile(
         # Without a canary the router spreads traffic over every ready group, whatever its revision.
         rollout_status = {"traffic": [], "shadow": None, "rollout": None}
     levels = [TopologyLevel(level.name, level.node_label) for level in spec.placement.topology]
+    RUNTIME.shapes[(namespace, name)] = GroupShape(
+        spec.parallelism.pods_per_group, spec.parallelism.pod_gpus, spec.placement.gpu_product
+    )
     node_list = _nodes(node_summaries, pod_gpus_index)
 
     to_delete = list(decision.delete)
@@ -319,7 +326,7 @@ async def reconcile(
     await _write_status(
         name, namespace, body, spec, update_revision, remaining, node_list, capacity_problem, rollout_status, current_revision
     )
-    _export_metrics(namespace, name, remaining, capacity_problem, node_list, spec)
+    _export_metrics(namespace, name, remaining, capacity_problem, node_list)
 
 
 def _spec_of_revision(spec: ModelDeploymentSpec, revision: str, update_revision: str, body: Any) -> ModelDeploymentSpec | None:
@@ -529,7 +536,8 @@ async def _create_groups(
     async with RUNTIME.placement_lock:
         # Re-read GPU use inside the lock: another deployment may have just placed groups.
         started = time.perf_counter()
-        result = plan(_current_nodes(), requests, levels, shapes_in_use=[r.shape for r in requests])
+        shapes = {*RUNTIME.shapes.values(), *(r.shape for r in requests)}
+        result = plan(_current_nodes(), requests, levels, shapes_in_use=list(shapes))
         metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
         for index, request in zip(indices, requests, strict=True):
             outcome = result.results[request.key]
@@ -751,7 +759,6 @@ def _export_metrics(
     groups: list[GroupView],
     capacity_problem: str | None,
     node_list: list[Node],
-    spec: ModelDeploymentSpec,
 ) -> None:
     phases: dict[str, int] = {}
     for g in groups:
@@ -762,5 +769,4 @@ def _export_metrics(
     eligible = [n for n in node_list if n.eligible]
     metrics.GPUS.labels("allocated").set(sum(min(n.gpu_used, n.gpu_allocatable) for n in eligible))
     metrics.GPUS.labels("free").set(sum(n.gpu_free for n in eligible))
-    shape = GroupShape(spec.parallelism.pods_per_group, spec.parallelism.pod_gpus, spec.placement.gpu_product)
-    metrics.GPUS.labels("stranded").set(stranded_gpus(eligible, [shape]))
+    metrics.GPUS.labels("stranded").set(stranded_gpus(eligible, list(set(RUNTIME.shapes.values()))))

@@ -121,7 +121,7 @@ class Forwarder:
             except (TimeoutError, aiohttp.ClientConnectionError, OSError) as error:
                 self._failed(route, f"connect to {route.endpoint.url} failed: {error!r}")
                 last_error = RoutingError(
-                    502, f"replica {route.endpoint.name} ({route.endpoint.url}) is unreachable"
+                    502, f"replica {route.endpoint.name} ({route.endpoint.url}) is unreachable", attempted=True
                 )
                 if attempt < self.max_attempts:
                     self.metrics.retries.labels(model, route.endpoint.name).inc()
@@ -133,7 +133,9 @@ class Forwarder:
                 response.release()
                 self._failed(route, f"{route.endpoint.url} answered 503 before the first byte")
                 self.metrics.retries.labels(model, route.endpoint.name).inc()
-                last_error = RoutingError(503, f"replica {route.endpoint.name} is unavailable (503)")
+                last_error = RoutingError(
+                    503, f"replica {route.endpoint.name} is unavailable (503)", attempted=True
+                )
                 continue
             if response.status >= 500:
                 self.state.record_failure(route.endpoint.name, self.clock())
@@ -211,8 +213,10 @@ class Forwarder:
                     self.on_chunk(call, chunk)
                 outcome = "ok" if call.response.status < 400 else "error"
             except RoutingError as error:
-                log.debug("shadow copy for %s not sent: %s", model, error.message)
-                outcome = "dropped"
+                # A copy that reached a failing shadow replica is an error of that revision (the analysis must
+                # see it); one that found no replica to go to was never answered, and is dropped.
+                outcome = "error" if error.attempted else "dropped"
+                log.debug("shadow copy for %s %s: %s", model, outcome, error.message)
             except (TimeoutError, aiohttp.ClientError, OSError) as error:
                 log.info("shadow copy for %s (revision %s) failed: %r", model, revision, error)
             finally:

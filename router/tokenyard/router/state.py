@@ -40,11 +40,15 @@ from tokenyard.router.prefix import (
 class RoutingError(Exception):
     """No replica for this request; ``status`` is the HTTP status the client gets."""
 
-    def __init__(self, status: int, message: str, retry_after_s: int | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, retry_after_s: int | None = None, attempted: bool = False
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.retry_after_s = retry_after_s
+        # True when a replica was actually tried and failed (not merely: none was available to try).
+        self.attempted = attempted
 
 
 @dataclass
