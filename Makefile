@@ -9,7 +9,7 @@ PROTO_SRC := $(wildcard proto/tokenyard/v1/*.proto)
 PROTO_OUT := $(PROTO_SRC:.proto=_pb2.py)
 
 .PHONY: help install proto test test-unit test-integration lint demo cluster-up cluster-down \
-	cluster-status binaries bench-sim bench-router bench-placement bench-autoscaler bench-rollout crds
+	cluster-status binaries bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout crds
 
 help:
 	@echo "make test          unit + integration tests (starts and stops the local stack)"
@@ -70,6 +70,10 @@ bench-router: $(STAMP) proto
 
 bench-placement: $(STAMP) proto
 	$(PY) bench/bench_placement.py
+
+# the operator on the local cluster, side by side with a plain Deployment of the same pods
+bench-operator-cluster: $(STAMP) proto binaries
+	$(PY) bench/bench_operator_cluster.py
 
 bench-autoscaler: $(STAMP) proto
 	$(PY) bench/bench_autoscaler.py
