@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from tokenyard.core import labels
+from tokenyard.core.process import stop_process
 from tokenyard.devcluster.binaries import ensure_binaries
 from tokenyard.devcluster.cluster import DevCluster
 
@@ -133,16 +133,6 @@ def start_operator(kubeconfig: Path, log_path: Path) -> subprocess.Popen:
     )
     log.close()
     return proc
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def kubectl(binary: Path, kubeconfig: Path, *args: str) -> None:

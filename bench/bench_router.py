@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
+from tokenyard.core.process import stop_process
 from tokenyard.router.proxy import carries_token
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
@@ -427,13 +428,7 @@ class RouterProcess:
         raise RuntimeError(f"router on {self.url} not ready after {timeout}s")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=10)
 
 
 # --- the benchmark -------------------------------------------------------------------------------------------
@@ -593,11 +588,7 @@ async def main() -> None:
                 f"one router process sustains {o['max_rps']} req/s (load generator on the same 2 cores)"
             )
     finally:
-        host.send_signal(signal.SIGTERM)
-        try:
-            host.wait(15)
-        except subprocess.TimeoutExpired:
-            host.kill()
+        stop_process(host, timeout=15)
     print(json.dumps({"bench": "router", "results": results}))
 
 

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
+from tokenyard.core.process import stop_process
 from tokenyard.sim.engine import Engine, Request, SamplingParams
 from tokenyard.sim.model import Deployment, gpu_preset, model_preset
 from tokenyard.sim.tokenizer import Tokenizer
@@ -310,12 +311,7 @@ def measure_point(time_scale: float, engines: int, streams: int, duration_s: flo
         cpu = _cpu_seconds(server.pid) - cpu_before
         nominal, busy = asyncio.run(_stats(urls))
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server, timeout=10)
     return {
         "time_scale": time_scale,
         "streamed_tok_s": tokens / wall,

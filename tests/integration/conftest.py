@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tokenyard.core.process import stop_process
 from tokenyard.devcluster.binaries import ensure_binaries
 from tokenyard.devcluster.cluster import DevCluster
 
@@ -120,13 +121,8 @@ class ManagedProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
-        if self.alive():
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, timeout=timeout, sig=sig)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -34,6 +34,12 @@ def helm_binary():
         pytest.skip(f"helm is not built: {e}")
 
 
+def install(binary, kubeconfig, release: str, namespace: str, *values: str) -> subprocess.CompletedProcess:
+    """`helm install` of the chart, CRDs left out (the session fixture applies them), with `--set` values."""
+    sets = [arg for value in values for arg in ("--set", value)]
+    return helm(binary, kubeconfig, "install", release, str(CHART), "--namespace", namespace, "--skip-crds", *sets)
+
+
 def helm(binary, kubeconfig, *args: str) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [str(binary), f"--kubeconfig={kubeconfig}", *args], capture_output=True, text=True, timeout=120
@@ -47,18 +53,7 @@ def test_chart_installs_with_least_privilege_and_uninstalls_cleanly(
 ):
     release = f"ty-{uuid.uuid4().hex[:6]}"
     peering = f"{release}-peering"  # cluster-scoped: unique per test run
-    helm(
-        helm_binary,
-        devcluster.kubeconfig,
-        "install",
-        release,
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--skip-crds",
-        "--set",
-        f"operator.peering.name={peering}",
-    )
+    install(helm_binary, devcluster.kubeconfig, release, namespace, f"operator.peering.name={peering}")
     try:
         operator = f"{release}-operator"
         for kind, name in [
@@ -124,18 +119,12 @@ def test_the_operator_works_with_only_the_chart_rbac(helm_binary, devcluster, ku
     (watchNamespaces) so that it never touches the ModelDeployments of other tests."""
     release = f"ty-{uuid.uuid4().hex[:6]}"
     peering = f"{release}-peering"
-    helm(
+    install(
         helm_binary,
         devcluster.kubeconfig,
-        "install",
         release,
-        str(CHART),
-        "--namespace",
         namespace,
-        "--skip-crds",
-        "--set",
         f"operator.peering.name={peering}",
-        "--set",
         f"operator.watchNamespaces={{{namespace}}}",
     )
     operator = None

@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
+from tokenyard.core.process import stop_process
 from tokenyard.devcluster.binaries import ensure_binaries
 from tokenyard.devcluster.cluster import DevCluster, free_port
 
@@ -121,10 +122,5 @@ def run(state_dir: Path, once: bool) -> int:
         pass
     finally:
         for proc in procs.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc)
     return 0

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
 from tokenyard.autoscaler.policy import SignalKind
 from tokenyard.autoscaler.prometheus import PrometheusClient, signal_query
+from tokenyard.core.process import stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -139,13 +140,7 @@ def real_prometheus(tmp_path, vllm_exporter):
         stderr=subprocess.PIPE,
     )
     yield f"http://127.0.0.1:{port}", process, vllm_exporter
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_process(process, timeout=10)
 
 
 async def wait_for(predicate, timeout: float, what: str):

@@ -8,6 +8,7 @@ import sys
 
 import aiohttp
 import pytest
+from tokenyard.core.process import stop_process
 
 from tests.integration.sim.conftest import eventually, scrape
 
@@ -91,12 +92,7 @@ async def test_sglang_router_cache_aware_policy_routes_repeated_prefixes_to_the_
                         cached.append((await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"])
             per_engine = [await scrape(session, e.url) for e in engines]
     finally:
-        router.send_signal(signal.SIGTERM)
-        try:
-            router.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            router.kill()
-            router.wait()
+        stop_process(router, timeout=10)
     # the engine gives the router no tokenizer to fetch, so it never reaches for the Hugging Face hub
     assert "huggingface" not in (tmp_path / "router.log").read_text().lower()
     # after the first round every family was routed back to the engine that holds its prefix
