@@ -102,10 +102,15 @@ def test_scale_up_and_down_through_the_scale_subresource(operator, apis, kubectl
     assert scale["status"]["replicas"] == 2 and "tokenyard.dev/role=leader" in scale["status"]["selector"]
 
 
-def test_a_failed_member_recreates_the_whole_group(operator, apis, namespace):
+def nodes_by_rank(pods):
+    return [p.spec.node_name for p in sorted(pods, key=lambda p: int(p.metadata.labels[labels.RANK]))]
+
+
+def test_a_failed_member_recreates_the_whole_group_on_the_same_nodes(operator, apis, namespace):
     apis[0].create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, mdep("gang", tensor=16, replicas=1))
     wait_for(ready_groups(apis, namespace, "gang", 1), timeout=60, what="the group Ready")
     before = {p.metadata.uid for p in engine_pods(apis, namespace, "gang")}
+    nodes_before = nodes_by_rank(engine_pods(apis, namespace, "gang"))
     worker = engine_pods(apis, namespace, "gang", **{labels.ROLE: "worker"})[0]
     apis[1].delete_namespaced_pod(worker.metadata.name, namespace, grace_period_seconds=0)
 
@@ -115,6 +120,8 @@ def test_a_failed_member_recreates_the_whole_group(operator, apis, namespace):
         return len(pods) == 2 and not (uids & before) and ready_groups(apis, namespace, "gang", 1)()
 
     wait_for(recreated, timeout=60, what="both members recreated (the leader too)")
+    # Nothing else took those GPUs meanwhile, so the gang goes back where it was, rank by rank.
+    assert nodes_by_rank(engine_pods(apis, namespace, "gang")) == nodes_before
     wait_for(lambda: any(e.reason == "GroupRecreated" for e in apis[1].list_namespaced_event(namespace).items),
              timeout=15, what="a GroupRecreated event")
 

@@ -63,3 +63,6 @@ ENV_SIM_MAX_NUM_SEQS = "TOKENYARD_SIM_MAX_NUM_SEQS"  # vLLM's --max-num-seqs: re
 # --- annotations on engine pods ------------------------------------------------
 # Pods in the pod's group (leader included); a group serves only when that many are Ready.
 ANNOTATION_GROUP_SIZE = "tokenyard.dev/group-size"
+# The planned node of every rank, comma-separated: a gang recreated after a member died can go back there
+# even when the dead member's pod is gone.
+ANNOTATION_GROUP_NODES = "tokenyard.dev/group-nodes"

@@ -69,6 +69,9 @@ class ClusterState:
     scheduler_port: int
     kwok_port: int
     pids: dict[str, int] = field(default_factory=dict)
+    # each process' start time (clock ticks after boot, /proc/PID/stat): after a reboot or a crash the pids
+    # in this file may belong to someone else's processes, and `down` must not signal those
+    started: dict[str, int] = field(default_factory=dict)
     topology: str = ""
 
 
@@ -157,7 +160,7 @@ class DevCluster:
         """Stop every process this cluster started (by pid, whole process group), newest first."""
         if self.state is None and not self.load():
             return
-        pids = dict(self.state.pids)
+        pids = {name: pid for name, pid in self.state.pids.items() if self._ours(name)}
         for name in reversed(START_ORDER):
             pid = pids.get(name)
             if pid:
@@ -173,7 +176,7 @@ class DevCluster:
             if _alive(pid):
                 _signal_group(pid, signal.SIGKILL)
             self._reap(name, block=True)
-        self.state.pids = {}
+        self.state.pids, self.state.started = {}, {}
         with contextlib.suppress(FileNotFoundError):
             self.state_file.unlink()
 
@@ -185,7 +188,13 @@ class DevCluster:
         return True
 
     def running(self) -> bool:
-        return self.state is not None and bool(self.state.pids) and all(_alive(p) for p in self.state.pids.values())
+        return self.state is not None and bool(self.state.pids) and all(self._ours(n) for n in self.state.pids)
+
+    def _ours(self, name: str) -> bool:
+        """The recorded process is alive and is the one this cluster started (not a reused pid)."""
+        pid = self.state.pids.get(name, 0)
+        recorded = self.state.started.get(name)
+        return _alive(pid) and (recorded is None or _start_ticks(pid) == recorded)
 
     def status(self) -> dict[str, object]:
         if self.state is None and not self.load():
@@ -195,7 +204,7 @@ class DevCluster:
             "apiServer": self.server,
             "kubeconfig": str(self.kubeconfig),
             "topology": self.state.topology,
-            "processes": {name: {"pid": pid, "alive": _alive(pid)} for name, pid in self.state.pids.items()},
+            "processes": {name: {"pid": pid, "alive": self._ours(name)} for name, pid in self.state.pids.items()},
             "apiReady": self._http_ok(f"{self.server}/readyz", token=True),
         }
 
@@ -252,6 +261,7 @@ class DevCluster:
         log.close()
         self._procs[name] = proc
         self.state.pids[name] = proc.pid
+        self.state.started[name] = _start_ticks(proc.pid) or 0
         self.state_file.write_text(json.dumps(asdict(self.state), indent=2))
 
     def _reap(self, name: str, block: bool = False) -> None:
@@ -410,6 +420,15 @@ def _alive(pid: int) -> bool:
             if f.read().split(")")[-1].split()[0] == "Z":
                 return False
     return True
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks after boot (field 22 of /proc/PID/stat); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -11,7 +11,8 @@ groups in all, and an old group is removed only when the Ready groups left stay 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 PENDING, PLACED, READY, FAILED, TERMINATING = "Pending", "Placed", "Ready", "Failed", "Terminating"
@@ -36,7 +37,9 @@ class GroupView:
     revision: str
     size: int  # pods the group needs
     members: tuple[MemberView, ...] = ()
-    planned_nodes: tuple[str, ...] = ()  # the node each rank was pinned to
+    planned_nodes: tuple[str, ...] = ()  # the node each live member was pinned to
+    # the planned node of every rank, as recorded on the members (known even when a member's pod is gone)
+    recorded_nodes: tuple[str, ...] = ()
 
     @property
     def phase(self) -> str:
@@ -183,3 +186,18 @@ def next_indices(used: set[int], count: int) -> list[int]:
             out.append(candidate)
         candidate += 1
     return out
+
+
+def reusable_nodes(previous: Sequence[str], free_gpus: Mapping[str, int], gpus_per_pod: int) -> tuple[str, ...] | None:
+    """The nodes a recreated group ran on, when they can hold it again; else None (plan it afresh).
+
+    A gang recreated after a member failed goes back where it was when those GPUs are still free: the
+    placement was already a good one, and the nodes may hold the model's weights in their page cache.
+    `free_gpus` is per eligible node (right product, ready, schedulable), the dead group's own GPUs counted free.
+    """
+    if not previous or any(not node for node in previous):
+        return None
+    for node, pods in Counter(previous).items():
+        if free_gpus.get(node, 0) < pods * gpus_per_pod:
+            return None
+    return tuple(previous)

@@ -34,6 +34,7 @@ from tokenyard.operator.groups import (
     decide,
     decide_targets,
     next_indices,
+    reusable_nodes,
 )
 from tokenyard.operator.manifests import GroupNames, planned_node, pod_manifest, selector, service_manifest
 from tokenyard.operator.placement import (
@@ -102,6 +103,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
     settings.persistence.finalizer = "tokenyard.dev/finalizer"
+    # How long a replica that died without saying goodbye (kill -9, a lost node) blocks its standby peers.
+    settings.peering.lifetime = int(os.environ.get("TOKENYARD_PEERING_LIFETIME_SECONDS", "60"))
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="tokenyard.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="tokenyard.dev", key="last-handled-configuration"
@@ -176,6 +179,7 @@ def engine_pods(name: str, namespace: str, labels: Any, annotations: Any, spec: 
             "size": int(annotations.get(keys.ANNOTATION_GROUP_SIZE, "1")),
             "node": spec.get("nodeName"),
             "planned": planned_node({"spec": dict(spec)}),
+            "group_nodes": tuple(filter(None, annotations.get(keys.ANNOTATION_GROUP_NODES, "").split(","))),
             "phase": status.get("phase", "Pending"),
             "ready": conditions.get("Ready", {}).get("status") == "True",
             "unschedulable_since": unschedulable_since,
@@ -303,8 +307,13 @@ async def reconcile(
         by_key = {_group_key(name, g): g for g in decision.scale_down_candidates}
         to_delete += [(by_key[k], f"scaling down to {spec.replicas} groups") for k in chosen]
 
+    # Gangs recreated because a member died go back to their nodes when those are still free; groups
+    # re-planned because they could not bind do not (their nodes were taken).
+    return_to: dict[str, list[GroupView]] = {}
     for group, reason in to_delete:
         await _delete_group(GroupNames(name, namespace, group.revision, group.index), group)
+        if group.phase == FAILED:
+            return_to.setdefault(group.revision, []).append(group)
         if group.phase == FAILED or "re-planning" in reason:
             metrics.GROUPS_RECREATED.labels(namespace, name).inc()
             kopf.warn(body, reason="GroupRecreated", message=f"group {group.index}: {reason}")
@@ -318,7 +327,9 @@ async def reconcile(
         if revision_spec is None:
             logger.warning(f"cannot recreate groups of revision {revision}: its template is not in the history")
             continue
-        problem = await _create_groups(name, namespace, body, revision_spec, revision, used_indices, count, levels, logger)
+        problem = await _create_groups(
+            name, namespace, body, revision_spec, revision, used_indices, count, levels, return_to.get(revision, [])
+        )
         capacity_problem = capacity_problem or problem
 
     deleted = {(g.index, g.revision) for g, _ in to_delete}
@@ -455,18 +466,23 @@ def _group_views(pods: Iterable[dict[str, Any]]) -> list[GroupView]:
                     for p in members
                 ),
                 planned_nodes=tuple(p["planned"] or "" for p in members),
+                recorded_nodes=next((p.get("group_nodes") for p in members if p.get("group_nodes")), ()),
             )
         )
     return views
 
 
-def _nodes(summaries: Iterable[dict[str, Any]], pod_gpus_index: Any) -> list[Node]:
+def _nodes(summaries: Iterable[dict[str, Any]], pod_gpus_index: Any, ignore_pods: frozenset[str] = frozenset()) -> list[Node]:
+    """Nodes with the GPUs in use on each: live pods' and reservations'; `ignore_pods` ("ns/name") are being
+    deleted and count as free."""
     now = time.time()
     seen_pods: set[str] = set()
     used: dict[str, int] = {}
     for summary in summaries:
         for pod_key, gpus in pod_gpus_index.get(summary["name"], []):
             seen_pods.add(pod_key.split("/", 1)[1])
+            if pod_key in ignore_pods:
+                continue
             used[summary["name"]] = used.get(summary["name"], 0) + gpus
     for pod_name, (node, gpus, created) in list(RUNTIME.reservations.items()):
         if pod_name in seen_pods or now - created > 60:
@@ -513,10 +529,12 @@ async def _create_groups(
     used_indices: set[int],
     count: int,
     levels: list[TopologyLevel],
-    logger: logging.Logger,
+    dead_groups: list[GroupView],
 ) -> str | None:
     """Place and create `count` new groups; return the capacity problem when some could not be placed.
-    `used_indices` is shared by every revision created in one reconcile, and grows with the new groups."""
+    `used_indices` is shared by every revision created in one reconcile, and grows with the new groups.
+    `dead_groups` were just deleted because a member died: their replacements return to the same nodes
+    when those still have the GPUs."""
     par = spec.parallelism
     indices = next_indices(used_indices, count)
     used_indices.update(indices)
@@ -533,25 +551,53 @@ async def _create_groups(
         )
         for index in indices
     ]
+    # The dead groups' pods may still be in the index (deleted a moment ago): their GPUs count as free.
+    dead_pods = frozenset(f"{namespace}/{m.name}" for g in dead_groups for m in g.members)
+    placed: list[tuple[int, Assignment]] = []
     async with RUNTIME.placement_lock:
         # Re-read GPU use inside the lock: another deployment may have just placed groups.
         started = time.perf_counter()
-        shapes = {*RUNTIME.shapes.values(), *(r.shape for r in requests)}
-        result = plan(_current_nodes(), requests, levels, shapes_in_use=list(shapes))
-        metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+        free = {
+            n.name: n.gpu_free
+            for n in _current_nodes(dead_pods)
+            if n.eligible and (not spec.placement.gpu_product or n.gpu_product == spec.placement.gpu_product)
+        }
+        to_plan = []
+        returning = [g.recorded_nodes for g in dead_groups if len(g.recorded_nodes) == par.pods_per_group]
         for index, request in zip(indices, requests, strict=True):
-            outcome = result.results[request.key]
-            if not isinstance(outcome, Assignment):
+            nodes = reusable_nodes(returning[0], free, par.pod_gpus) if returning else None
+            if nodes is None:
+                to_plan.append((index, request))
                 continue
-            names = GroupNames(name, namespace, revision, index)
-            for rank, node in enumerate(outcome.nodes):
-                RUNTIME.reservations[names.pod(rank)] = (node, par.pod_gpus, time.time())
-            await _create_group(body, spec, names, outcome)
-            kopf.info(
-                body,
-                reason="GroupPlaced",
-                message=f"group {index} (revision {revision}) on {', '.join(outcome.nodes)} within one {outcome.level}",
-            )
+            returning.pop(0)
+            for node in nodes:
+                free[node] -= par.pod_gpus
+            placed.append((index, Assignment(request.key, nodes, par.pod_gpus, spec.placement.gpu_product or "", RETURNED)))
+            _reserve(name, namespace, revision, index, nodes, par.pod_gpus)
+        shapes = {*RUNTIME.shapes.values(), *(r.shape for r in requests)}
+        result = plan(_current_nodes(dead_pods), [r for _, r in to_plan], levels, shapes_in_use=list(shapes))
+        metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
+        for index, request in to_plan:
+            outcome = result.results[request.key]
+            if isinstance(outcome, Assignment):
+                placed.append((index, outcome))
+                _reserve(name, namespace, revision, index, outcome.nodes, par.pod_gpus)
+        # Groups are independent: create them all at once (a burst of API calls, not one round trip after
+        # another), and only then report the first failure, so one bad call does not hold back the rest.
+        outcomes = await asyncio.gather(
+            *(_create_group(body, spec, GroupNames(name, namespace, revision, i), a) for i, a in placed),
+            return_exceptions=True,
+        )
+    for (index, assignment), outcome in zip(placed, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
+        where = (
+            "back on the nodes of the group it replaces"
+            if assignment.level == RETURNED
+            else f"within one {assignment.level}"
+        )
+        message = f"group {index} (revision {revision}) on {', '.join(assignment.nodes)} {where}"
+        kopf.info(body, reason="GroupPlaced", message=message)
     problems = [u.reason for u in result.unplaceable]
     key = (namespace, name)
     if problems:
@@ -564,11 +610,20 @@ async def _create_groups(
     return None
 
 
+RETURNED = "returned"  # Assignment.level of a recreated gang put back on its previous nodes
+
+
+def _reserve(name: str, namespace: str, revision: str, index: int, nodes: tuple[str, ...], gpus_per_pod: int) -> None:
+    names = GroupNames(name, namespace, revision, index)
+    for rank, node in enumerate(nodes):
+        RUNTIME.reservations[names.pod(rank)] = (node, gpus_per_pod, time.time())
+
+
 _node_source: dict[str, Any] = {}
 
 
-def _current_nodes() -> list[Node]:
-    return _nodes(_node_source["nodes"].get(None, []), _node_source["pod_gpus"])
+def _current_nodes(ignore_pods: frozenset[str] = frozenset()) -> list[Node]:
+    return _nodes(_node_source["nodes"].get(None, []), _node_source["pod_gpus"], ignore_pods)
 
 
 @kopf.on.startup()
@@ -595,11 +650,17 @@ async def _create_group(body: Any, spec: ModelDeploymentSpec, names: GroupNames,
     service = service_manifest(names)
     service["metadata"]["ownerReferences"] = [owner]
     service["spec"]["ports"][0]["port"] = spec.engine.port
-    await _create_ignoring_conflict(core.create_namespaced_service(names.namespace, service))
+    pods = []
     for rank, node in enumerate(assignment.nodes):
-        pod = pod_manifest(spec, names, rank, node)
+        pod = pod_manifest(spec, names, rank, node, assignment.nodes)
         pod["metadata"]["ownerReferences"] = [owner]
-        await _create_ignoring_conflict(core.create_namespaced_pod(names.namespace, pod))
+        pods.append(pod)
+    calls = [core.create_namespaced_service(names.namespace, service)]
+    calls += [core.create_namespaced_pod(names.namespace, pod) for pod in pods]
+    outcomes = await asyncio.gather(*(_create_ignoring_conflict(c) for c in calls), return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def _create_ignoring_conflict(call) -> None:

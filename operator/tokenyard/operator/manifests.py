@@ -66,8 +66,11 @@ def service_manifest(names: GroupNames) -> dict[str, Any]:
     }
 
 
-def pod_manifest(spec: ModelDeploymentSpec, names: GroupNames, rank: int, node: str) -> dict[str, Any]:
-    """Pod `rank` of the group, pinned to `node` by a required node affinity (kube-scheduler still binds it)."""
+def pod_manifest(
+    spec: ModelDeploymentSpec, names: GroupNames, rank: int, node: str, group_nodes: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Pod `rank` of the group, pinned to `node` by a required node affinity (kube-scheduler still binds it).
+    `group_nodes`, the planned node of every rank, is recorded so a recreated gang can return there."""
     par = spec.parallelism
     pods = par.pods_per_group
     engine = spec.engine
@@ -127,7 +130,11 @@ def pod_manifest(spec: ModelDeploymentSpec, names: GroupNames, rank: int, node: 
             "name": names.pod(rank),
             "namespace": names.namespace,
             "labels": {**meta.get("labels", {}), **group_labels(names), labels.RANK: str(rank), labels.ROLE: role},
-            "annotations": {**meta.get("annotations", {}), labels.ANNOTATION_GROUP_SIZE: str(pods)},
+            "annotations": {
+                **meta.get("annotations", {}),
+                labels.ANNOTATION_GROUP_SIZE: str(pods),
+                labels.ANNOTATION_GROUP_NODES: ",".join(group_nodes or (node,)),
+            },
         },
         "spec": pod_spec,
     }

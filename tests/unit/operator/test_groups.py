@@ -103,3 +103,16 @@ def test_update_never_drops_ready_groups_below_the_floor(old_ready, new_ready, r
     # ... and creation never exceeds the surge budget.
     live_after = len(groups) - len(deleted)
     assert live_after + d.create <= max(replicas + max_surge, live_after)
+
+
+def test_a_recreated_gang_returns_to_its_nodes_only_when_they_still_have_the_gpus():
+    from tokenyard.operator.groups import reusable_nodes
+
+    free = {"n1": 8, "n2": 8, "n3": 4}
+    assert reusable_nodes(("n1", "n2"), free, 8) == ("n1", "n2")
+    assert reusable_nodes(("n1", "n3"), free, 8) is None  # n3 lost half its GPUs to someone else
+    assert reusable_nodes(("n1", "gone"), free, 8) is None  # a node that left (or is no longer eligible)
+    assert reusable_nodes(("n3", "n3"), free, 2) == ("n3", "n3")  # two ranks on one node need both shares
+    assert reusable_nodes(("n3", "n3"), free, 4) is None
+    assert reusable_nodes(("n1", ""), free, 8) is None  # a rank whose node was never recorded
+    assert reusable_nodes((), free, 8) is None
