@@ -84,6 +84,9 @@ class Node:
     gpu_product: str = ""
     ready: bool = True
     schedulable: bool = True
+    # GPU pods running on the node (bound or pinned), when the caller knows: best fit prefers to add a pod
+    # to a node that already runs many, whose GPUs are all free again later anyway (0: unknown)
+    gpu_pods: int = 0
 
     @property
     def gpu_free(self) -> int:
@@ -195,8 +198,8 @@ class Planner:
             if node.name in seen:
                 raise ValueError(f"node {node.name!r} is listed twice")
             seen.add(node.name)
-            if node.gpu_allocatable < 0 or node.gpu_used < 0:
-                raise ValueError(f"node {node.name!r}: GPU counts must be >= 0")
+            if node.gpu_allocatable < 0 or node.gpu_used < 0 or node.gpu_pods < 0:
+                raise ValueError(f"node {node.name!r}: GPU and pod counts must be >= 0")
             if not node.eligible:
                 continue
             index = self._indexes.get(node.gpu_product)
@@ -207,6 +210,7 @@ class Planner:
                 node.gpu_allocatable,
                 node.gpu_free,
                 [node.labels.get(level.label) or None for level in self.levels],
+                node.gpu_pods,
             )
         self.shapes_in_use: list[ShapeView] = []
         self.set_shapes_in_use(shapes_in_use)
@@ -308,6 +312,11 @@ class Planner:
     def free_gpus(self) -> dict[str, int]:
         """Free GPUs per eligible node."""
         return {node.name: node.free for index in self._indexes.values() for node in index.nodes}
+
+    def pods_running(self) -> dict[str, int]:
+        """GPU pods per eligible node as the planner counts them: the nodes' `gpu_pods` plus the pods it
+        placed minus the pods it released (within what the node's used GPUs allow)."""
+        return {node.name: node.residents for index in self._indexes.values() for node in index.nodes}
 
     def verify_index(self) -> None:
         """Self-check for tests: the index's aggregates agree with its nodes (AssertionError if not)."""

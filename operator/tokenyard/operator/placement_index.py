@@ -4,8 +4,9 @@ The planner asks three kinds of question many times per group: "which nodes have
 "how many pods of g GPUs fit in this domain" and "what does this domain have free". Scanning every node for
 each is what makes naive planners slow at 1,000 nodes, so this index keeps, for every domain (an NVLink
 domain, a rack, a zone, the whole cluster), its free GPUs and a histogram of its nodes by free GPUs, and
-for the whole cluster a bucket of node ids per free-GPU count. Taking or giving back GPUs on one node
-updates one node and its ancestors: O(levels).
+for the whole cluster a bucket of node ids per free-GPU count (and, per count, how many of those nodes
+run how many pods, so that best fit knows the busiest node of a bucket without visiting it). Taking or
+giving back GPUs on one node updates one node and its ancestors: O(levels).
 
 A group runs on one GPU product (tensor parallelism across different GPU models is not a thing anyone
 wants), so each product gets its own tree: an H100 group never looks at A100 nodes, and a rack that holds
@@ -58,6 +59,14 @@ class IndexedNode:
     free: int
     # ancestors[i] is the node's domain at configured level i; ancestors[-1] is the cluster root
     ancestors: list[Domain]
+    # pods running on the node as far as the index knows: the caller's count plus pods taken minus pods
+    # given back (it can go below zero when a caller releases pods it did not count; see `residents`)
+    pods: int = 0
+
+    @property
+    def residents(self) -> int:
+        """The pods running on the node, kept within what its used GPUs allow (each pod has >= 1 GPU)."""
+        return max(0, min(self.pods, self.allocatable - self.free))
 
 
 class ProductIndex:
@@ -74,11 +83,16 @@ class ProductIndex:
         self.max_allocatable = 0
         # nodes_by_free[f] = ids of the nodes with exactly f free GPUs
         self.nodes_by_free: list[set[int]] = [set()]
+        # residents_by_free[f][r] = how many nodes with f free GPUs run r pods (`IndexedNode.residents`)
+        self.residents_by_free: list[list[int]] = [[0]]
 
     # --- building -------------------------------------------------------------------------------------
 
-    def add_node(self, name: str, allocatable: int, free: int, label_values: Sequence[str | None]) -> None:
-        """Add one eligible node; `label_values[i]` is its label at configured level i (None if unset)."""
+    def add_node(
+        self, name: str, allocatable: int, free: int, label_values: Sequence[str | None], pods: int = 0
+    ) -> None:
+        """Add one eligible node; `label_values[i]` is its label at configured level i (None if unset),
+        `pods` the GPU pods running on it (0 when unknown)."""
         node_id = len(self.nodes)
         ancestors: list[Domain] = [self.root] * (self.level_count + 1)
         path: tuple = ()
@@ -93,11 +107,12 @@ class ProductIndex:
                 self.domains_by_position[position].append(domain)
             ancestors[position] = domain
             parent = domain
-        node = IndexedNode(name=name, allocatable=allocatable, free=free, ancestors=ancestors)
+        node = IndexedNode(name=name, allocatable=allocatable, free=free, ancestors=ancestors, pods=pods)
         self.nodes.append(node)
         self.node_id_by_name[name] = node_id
         self._grow_to(allocatable)
         self.nodes_by_free[free].add(node_id)
+        self._count_residents(node, 1)
         for domain in ancestors:
             # histograms only need to reach the largest node below them (pod_slots reads what is there)
             if len(domain.free_histogram) <= allocatable:
@@ -111,18 +126,34 @@ class ProductIndex:
         if allocatable > self.max_allocatable:
             self.max_allocatable = allocatable
             self.nodes_by_free.extend(set() for _ in range(allocatable + 1 - len(self.nodes_by_free)))
+            for counts in self.residents_by_free:
+                counts.extend([0] * (allocatable + 1 - len(counts)))
+            self.residents_by_free.extend(
+                [0] * (allocatable + 1) for _ in range(allocatable + 1 - len(self.residents_by_free))
+            )
+
+    def _count_residents(self, node: IndexedNode, delta: int) -> None:
+        self.residents_by_free[node.free][node.residents] += delta
+
+    def max_residents(self, free: int) -> int:
+        """The most pods any node with `free` free GPUs runs (0 when there is no such node)."""
+        counts = self.residents_by_free[free]
+        for residents in range(len(counts) - 1, 0, -1):
+            if counts[residents]:
+                return residents
+        return 0
 
     # --- changing ------------------------------------------------------------------------------------
 
     def take(self, node_id: int, gpus: int) -> None:
-        """Mark `gpus` GPUs of the node used (the caller has checked that they are free)."""
-        self._move(node_id, -gpus)
+        """Start one pod of `gpus` GPUs on the node (the caller has checked that they are free)."""
+        self._move(node_id, -gpus, 1)
 
     def give(self, node_id: int, gpus: int) -> None:
-        """Mark `gpus` GPUs of the node free again."""
-        self._move(node_id, gpus)
+        """Stop one pod of `gpus` GPUs on the node: its GPUs are free again."""
+        self._move(node_id, gpus, -1)
 
-    def _move(self, node_id: int, delta: int) -> None:
+    def _move(self, node_id: int, delta: int, pods_delta: int) -> None:
         node = self.nodes[node_id]
         before = node.free
         after = before + delta
@@ -131,6 +162,8 @@ class ProductIndex:
                 f"node {node.name}: cannot change free GPUs from {before} by {delta} "
                 f"(allocatable {node.allocatable})"
             )
+        self._count_residents(node, -1)
+        node.pods += pods_delta
         node.free = after
         self.nodes_by_free[before].discard(node_id)
         self.nodes_by_free[after].add(node_id)
@@ -139,6 +172,7 @@ class ProductIndex:
             histogram = domain.free_histogram
             histogram[before] -= 1
             histogram[after] += 1
+        self._count_residents(node, 1)
 
     # --- self-check ----------------------------------------------------------------------------------
 
@@ -149,6 +183,11 @@ class ProductIndex:
             for node_id in bucket:
                 assert self.nodes[node_id].free == free, f"node {self.nodes[node_id].name} in bucket {free}"
         assert sum(len(bucket) for bucket in self.nodes_by_free) == len(self.nodes), "bucket sizes"
+        for free, counts in enumerate(self.residents_by_free):
+            for residents, count in enumerate(counts):
+                assert count == sum(
+                    1 for node in self.nodes if node.free == free and node.residents == residents
+                ), "residents counts"
         for domains in self.domains_by_position:
             for domain in domains:
                 members = [self.nodes[node_id] for node_id in domain.node_ids]

@@ -1,16 +1,17 @@
 """How the planner chooses domains and nodes inside one product's index (see placement.py for the API).
 
 Best fit, in one sentence: place a pod where it destroys the least capacity for the largest group shapes in
-use, and among equally harmless places, the tightest one, judged innermost level first (the node, then its
-NVLink domain, then its rack...). The "capacity for a shape" of a domain is how many copies of that shape
-its free GPUs can host: ``pod_slots(g) // pods`` in each domain of the shape's required level. Placing a pod
-lowers it only in the domains that contain the chosen node, so the loss is computed locally, from the index,
-in O(levels × shapes) per candidate node. This is the idea behind fragmentation-gradient-descent scheduling
-(Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient
-Descent", USENIX ATC 2023): when the caller knows the shape mix (each shape's share of the groups), the
-first criterion is the GPUs of the lost copies weighted by share, which is exactly the rise in the expected
-stranded GPUs for that mix; then (or alone, without a mix) the losses compared lexicographically, the
-largest shape first, because a large group is the one that cannot go anywhere else.
+use, and among equally harmless places, the node already running the most pods (it frees up as a block later
+anyway), then the tightest one, judged innermost level first (the node, then its NVLink domain, then its
+rack...). The "capacity for a shape" of a domain is how many copies of that shape its free GPUs can host:
+``pod_slots(g) // pods`` in each domain of the shape's required level. Placing a pod lowers it only in the
+domains that contain the chosen node, so the loss is computed locally, from the index, in O(levels × shapes)
+per candidate node. This is the idea behind fragmentation-gradient-descent scheduling (Weng et al., "Beware of
+Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC 2023): when
+the caller knows the shape mix (each shape's share of the groups), the first criterion is the GPUs of the lost
+copies weighted by share, which is exactly the rise in the expected stranded GPUs for that mix; then (or
+alone, without a mix) the losses compared lexicographically, the largest shape first, because a large group is
+the one that cannot go anywhere else.
 
 The node search does not score every node: nodes sit in buckets by free GPUs, a lower bound of the score
 is known per bucket, and buckets are visited best bound first until none can beat the best node found.
@@ -115,9 +116,12 @@ def _weighted(shapes: Sequence[ShapeView], losses: Iterable[int]) -> int:
 
 def _fit_score(node: IndexedNode, take: int, shapes: Sequence[ShapeView], cache: _SlotCache) -> tuple:
     losses = [_capacity_loss(shape, node, take, cache) for shape in shapes]
-    # tightness after the losses, innermost first: the node, then each enclosing domain (not the root)
+    # among equally harmless nodes, the one running the most pods: a node's GPUs come back as a block only
+    # when its last pod ends, and with lifetimes unknown (memoryless), a pod added to a node of n pods
+    # delays that by 1/(n+1) of a lifetime: least on the busiest node ("fragment the fragmented")
+    # then tightness after the losses, innermost first: the node, then each enclosing domain (not the root)
     tightness = [domain.free - take for domain in node.ancestors[:-1]]
-    return (_weighted(shapes, losses), *losses, node.free - take, *tightness)
+    return (_weighted(shapes, losses), *losses, -node.residents, node.free - take, *tightness)
 
 
 def _spread_score(node: IndexedNode, take: int) -> tuple:
@@ -162,12 +166,14 @@ def best_node(
 
     # Best fit over the whole cluster without scoring every node: visit the free-GPU buckets in the order
     # of a lower bound of their nodes' scores, and stop once no bucket left can beat the best node found.
-    # (An enclosing domain has at least the node's own free GPUs, hence the tightness part of the bound.)
+    # (The index knows the most pods a node of each bucket runs, and an enclosing domain has at least the
+    # node's own free GPUs: hence the last parts of the bound.)
     bounds = sorted(
         (
             (
                 _weighted(shapes, [_capacity_loss_floor(shape, free, take) for shape in shapes]),
                 *(_capacity_loss_floor(shape, free, take) for shape in shapes),
+                -index.max_residents(free),
                 *((free - take,) * (index.level_count + 1)),
                 -1,
             ),
@@ -206,7 +212,7 @@ def _best_in_bucket(
     for node_id in index.nodes_by_free[free]:
         ancestors = nodes[node_id].ancestors
         losses = [_capacity_loss(shape, nodes[node_id], take, cache) for shape in varying]
-        key = [_weighted(varying, losses), *losses]
+        key = [_weighted(varying, losses), *losses, -nodes[node_id].residents]
         key.extend([domain.free for domain in ancestors[:-1]])
         key.append(node_id)
         if best_key is None or key < best_key:

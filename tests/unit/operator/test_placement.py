@@ -1,5 +1,7 @@
 """The placement planner on small hand-made clusters: what it chooses and why it refuses."""
 
+from dataclasses import replace
+
 import pytest
 from tokenyard.core import labels
 from tokenyard.operator.placement import (
@@ -66,6 +68,32 @@ def test_small_pods_fill_a_started_node_before_breaking_an_empty_one():
     results = plan(nodes, [GroupRequest("a", 1, 1), GroupRequest("b", 1, 1)]).results
     assert placed(results["a"]).nodes == ("n1",)
     assert placed(results["b"]).nodes == ("n1",)
+
+
+def test_among_equal_nodes_a_pod_joins_the_node_running_the_most_pods():
+    # n0 and n1 both have 4 free in the same NVLink domain: first fit takes n0; best fit adds the pod to n1,
+    # whose 4 pods keep it busy for longer than n0's one pod anyway
+    nodes = [
+        gpu_node("n0", "nv0", "r0", used=4, gpu_pods=1),
+        gpu_node("n1", "nv0", "r0", used=4, gpu_pods=4),
+    ]
+    assert placed(plan(nodes, [GroupRequest("g", 1, 2)]).results["g"]).nodes == ("n1",)
+    # without the pod counts the two nodes are equal and the order decides
+    unknown = [replace(node, gpu_pods=0) for node in nodes]
+    assert placed(plan(unknown, [GroupRequest("g", 1, 2)]).results["g"]).nodes == ("n0",)
+
+
+def test_the_planner_counts_the_pods_it_places_and_releases():
+    planner = Planner([gpu_node("x", "nv0", "r0"), gpu_node("y", "nv0", "r0")])
+    first = placed(planner.place(GroupRequest("a", 1, 4)))
+    assert placed(planner.place(GroupRequest("b", 1, 4))).nodes == first.nodes == ("x",)  # the exact fit
+    assert placed(planner.place(GroupRequest("c", 1, 2))).nodes == ("y",)
+    assert placed(planner.place(GroupRequest("d", 1, 2))).nodes == ("y",)
+    planner.release(first)
+    assert planner.free_gpus() == {"x": 4, "y": 4}
+    assert planner.pods_running() == {"x": 1, "y": 2}
+    # x comes first and is as tight as y: first fit would take it; y runs more pods
+    assert placed(planner.place(GroupRequest("e", 1, 2))).nodes == ("y",)
 
 
 def test_a_shape_mix_weighs_losses_by_share_instead_of_size_first():

@@ -48,6 +48,7 @@ def clusters(draw):
                 gpu_product=draw(st.sampled_from(PRODUCTS)),
                 ready=draw(st.integers(0, 7)) != 0,
                 schedulable=draw(st.integers(0, 7)) != 0,
+                gpu_pods=draw(st.integers(0, 3)),
             )
         )
     return nodes
@@ -163,6 +164,7 @@ def test_every_plan_is_valid(nodes, groups, largest_first):
 def test_placing_and_releasing_in_any_order_returns_to_the_start(nodes, groups, data):
     planner = Planner(nodes)
     start = planner.free_gpus()
+    pods_at_start = planner.pods_running()
     placed = []
     for group in keyed(groups):
         result = planner.place(group)
@@ -174,6 +176,7 @@ def test_placing_and_releasing_in_any_order_returns_to_the_start(nodes, groups, 
         planner.release(assignment)
         planner.verify_index()
     assert planner.free_gpus() == start
+    assert planner.pods_running() == pods_at_start
 
 
 @settings(max_examples=150, deadline=None)
