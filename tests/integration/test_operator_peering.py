@@ -52,7 +52,8 @@ def test_two_replicas_run_one_at_a_time_and_the_standby_takes_over_after_a_kill(
             return priorities == [1, 2]
 
         wait_for(both_peers_registered, timeout=60, what="both replicas in the KopfPeering status")
-        wait_for(lambda: "Pausing operations in favour of" in standby.log(), timeout=30, what="the standby paused")
+        # Kopf starts every replica paused and logs "Resuming operations" when the peering says it may work.
+        wait_for(lambda: "Resuming operations" in active.log(), timeout=30, what="the active replica to start")
 
         spec = {
             "model": {"weights": {"uri": "hf://org/pair"}},
@@ -64,6 +65,10 @@ def test_two_replicas_run_one_at_a_time_and_the_standby_takes_over_after_a_kill(
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
         pods = wait_for(_groups_ready(custom, core, namespace, 3), timeout=60, what="3 groups by the active replica")
         assert len({p.metadata.labels[labels.GROUP_INDEX] for p in pods}) == 3  # one pod per group, none twice
+        # The standby stayed paused while the active replica lived: it never resumed nor handled the resource.
+        handled = "kopf.objects"  # the logger of every handler run on a resource
+        assert handled in active.log()
+        assert "Resuming operations" not in standby.log() and handled not in standby.log()
 
         active.stop(sig=signal.SIGKILL)
         custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pair", {"spec": {"replicas": 4}})

@@ -8,12 +8,17 @@ evaluated, so the operator may look as often as it likes:
 * Two revisions compared over the same time (error ratio, share of requests over a TTFT SLO, mean
   inter-token latency): a one-sided *mixture sequential probability ratio test* (mSPRT) on the normal
   approximation of the difference, after Johari, Pekelis & Walsh, "Always valid inference: continuous
-  monitoring of A/B tests" (2017, Operations Research 2022), section 4. Mixing the likelihood ratio over a
-  half-normal prior on the effect gives a nonnegative supermartingale under the null hypothesis, so by
-  Ville's inequality P(statistic ever ≥ 1/α) ≤ α, at any number of looks. The guarantee is as good as
-  the normal approximation of the counts (Johari et al. prove it asymptotically); ``min_requests`` keeps
-  the counts where it holds, and the unit tests and ``bench/bench_rollout.py`` check the false-alarm rate
-  by simulation (A/A: 1-4% at α = 5% over 60-240 looks, error ratios from 0.1% to 20%).
+  monitoring of A/B tests" (2017, Operations Research 2022). Each likelihood ratio of a fixed alternative
+  is a nonnegative martingale under the null hypothesis, so any fixed mixture of them is too, and by
+  Ville's inequality P(statistic ever ≥ 1/α) ≤ α, at any number of looks. The mixture is discrete and
+  sized relative to the margin's bound: nine tenths of the weight on the canary at 1.5×, 1.75× and 2×
+  what the margin allows (the degradations worth catching fast), a tenth on a ladder of smaller ones (so
+  that a degradation down to a few percent is caught in the end). The mixing distribution decides which effects the test
+  catches soonest; a few points where the effects that matter are cost log(k) in the threshold, where
+  a wide continuous prior pays a penalty that grows with the sample. The guarantee is as good as the
+  normal approximation of the counts (Johari et al. prove it asymptotically); ``min_requests`` and a
+  floor of 5 bad requests expected of the canary before a rollback keep the counts where it holds, and
+  the unit tests and ``bench/bench_rollout.py`` check the false-alarm rate by simulation.
 * Shadow traffic (the very same requests sent to both): the pairs where exactly one revision failed
   (McNemar's discordant pairs) and, for greedy decoding, the pairs whose outputs differ. These are exact
   binomial sequential tests (a mixture of likelihood ratios over a fixed grid of alternatives), with no
@@ -32,7 +37,8 @@ How verdicts are reached (the rule, in one place):
   (a canary truly worse than the margin passes early with probability at most α as well).
 * ``PENDING``: the data are sound but nothing is decided yet and the window is still open: keep going.
 * ``INCONCLUSIVE``: the analysis cannot judge: a metric is missing, negative or not a number, the counts
-  contradict each other, or the window ended with too few requests. The rollout pauses with the reason; it neither
+  contradict each other, or the window ended with too few requests (or too few bad requests expected to
+  trust a statistic that says "worse"). The rollout pauses with the reason; it neither
   rolls back nor promotes.
 
 Several metrics share α (Bonferroni): each is tested at α/k, so the rollout's false-rollback rate stays at
@@ -44,9 +50,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-_SQRT2 = math.sqrt(2.0)
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "AnalysisResult",
@@ -64,7 +68,7 @@ __all__ = [
     "compare_paired",
     "compare_proportions",
     "evaluate",
-    "gaussian_mixture_log_lr",
+    "gaussian_alternatives_log_lr",
 ]
 
 
@@ -99,25 +103,27 @@ class AnalysisSettings:
 
     ``alpha`` is the false-rollback rate: the chance that a canary which is no worse than the margin is
     rolled back, over the whole analysis, however often it is evaluated. ``min_requests`` is the least
-    number of requests per revision before any verdict. ``effect_of_interest`` sets the width of the
-    mixture over alternatives, relative to the stable revision's level (0.75: between the 1.5× and 2×
-    degradations worth catching); the test is valid for any value and fastest for degradations near
-    this size (Johari et al. §4.3). Its false-alarm guarantee does not depend on it.
+    number of requests per revision before any verdict. ``effects_of_interest`` are the alternatives the
+    test is mixed over, as degradations relative to the margin's bound: 0.5 is a canary at 1.5× what the
+    margin allows. The test is fastest for degradations near these sizes; its false-alarm guarantee
+    holds for any of them.
     """
 
     alpha: float = 0.05
     margin: Margin = field(default_factory=Margin)
     min_requests: int = 200
-    effect_of_interest: float = 0.75
+    effects_of_interest: tuple[float, ...] = (0.5, 0.75, 1.0)
 
     def __post_init__(self) -> None:
         if not (0 < self.alpha < 1):
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha!r}")
         if self.min_requests < 1:
             raise ValueError(f"min_requests must be ≥ 1, got {self.min_requests!r}")
-        if not (math.isfinite(self.effect_of_interest) and self.effect_of_interest > 0):
+        if not self.effects_of_interest or not all(
+            math.isfinite(e) and e > 0 for e in self.effects_of_interest
+        ):
             raise ValueError(
-                f"effect_of_interest must be a finite number > 0, got {self.effect_of_interest!r}"
+                f"effects_of_interest must be finite numbers > 0, got {self.effects_of_interest!r}"
             )
 
     @property
@@ -126,7 +132,29 @@ class AnalysisSettings:
         return math.log(1.0 / self.alpha)
 
     def with_alpha(self, alpha: float) -> AnalysisSettings:
-        return AnalysisSettings(alpha, self.margin, self.min_requests, self.effect_of_interest)
+        return replace(self, alpha=alpha)
+
+    def with_margin(self, margin: Margin) -> AnalysisSettings:
+        return replace(self, margin=margin)
+
+    def alternatives(self, bound: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The effects mixed over and their weights, for a margin whose bound (the canary's level it
+        allows) is ``bound``: most of the weight on the effects of interest, the rest spread over smaller
+        ones, so that a smaller degradation (a latency 20% worse) is still caught, only later."""
+        effects = (*self.effects_of_interest, *_SMALLER_EFFECTS)
+        main = (1.0 - _SMALLER_EFFECTS_WEIGHT) / len(self.effects_of_interest)
+        small = _SMALLER_EFFECTS_WEIGHT / len(_SMALLER_EFFECTS)
+        weights = (main,) * len(self.effects_of_interest) + (small,) * len(_SMALLER_EFFECTS)
+        return tuple(e * bound for e in effects), weights
+
+
+# A point alternative θ_k cannot detect effects below θ_k/2 however long it runs; a tenth of the weight
+# on a geometric ladder of smaller effects (35% of the bound down to 3%) keeps the test consistent.
+_SMALLER_EFFECTS = tuple(0.5 * 0.7**k for k in range(1, 9))
+_SMALLER_EFFECTS_WEIGHT = 0.1
+
+# Bad requests expected of the canary at the margin before the normal approximation may roll it back.
+MIN_EXPECTED_EVENTS = 5
 
 
 # --- inputs --------------------------------------------------------------------------------------------
@@ -217,31 +245,32 @@ def _finite(x: float) -> float:
 # --- the statistics ------------------------------------------------------------------------------------
 
 
-def gaussian_mixture_log_lr(estimate: float, variance: float, mixture_sd: float) -> float:
-    """log Λ of the one-sided Gaussian mixture SPRT for H0: θ ≤ 0 against θ > 0.
+def gaussian_alternatives_log_lr(
+    estimate: float,
+    variance: float,
+    alternatives: Sequence[float],
+    weights: Sequence[float] | None = None,
+) -> float:
+    """log Λ of a one-sided Gaussian mixture SPRT for H0: θ ≤ 0 against θ > 0.
 
-    ``estimate`` ~ N(θ, variance) is the cumulative estimate of θ; the alternatives θ > 0 are mixed with a
-    half-normal prior of scale ``mixture_sd``. Integrating the Gaussian likelihood ratio over that prior
-    (the closed form of Johari et al. eq. (11), restricted to one side) gives
-
-        Λ = 2 Φ(θ̂ τ / (σ √(σ²+τ²))) · √(σ²/(σ²+τ²)) · exp(τ² θ̂² / (2 σ² (σ²+τ²)))
-
-    which is 1 before any data, small while θ̂ ≤ 0, and grows without bound when θ > 0.
+    ``estimate`` ~ N(θ, variance) is the cumulative estimate of θ. Λ is the mixture, with ``weights``
+    (equal by default; normalised to sum to 1), over the point alternatives θ_k > 0 of the likelihood
+    ratios exp(θ_k θ̂/σ² − θ_k²/(2σ²)). Written in the cumulative sum S_n = n θ̂ with σ² = v/n, each is
+    exp(θ_k S_n/v − n θ_k²/(2v)): a martingale under θ = 0 and a supermartingale under θ < 0. Λ is below
+    1 before any evidence and grows with the estimate.
     """
-    if variance <= 0 or mixture_sd <= 0:
-        raise ValueError(f"variance and mixture_sd must be > 0, got {variance!r}, {mixture_sd!r}")
-    tau2 = mixture_sd * mixture_sd
-    total = variance + tau2
-    sigma = math.sqrt(variance)
-    z = estimate * mixture_sd / (sigma * math.sqrt(total))
-    two_phi = math.erfc(-z / _SQRT2)  # 2 Φ(z)
-    if two_phi <= 0.0:
-        return -math.inf
-    return (
-        math.log(two_phi)
-        + 0.5 * math.log(variance / total)
-        + tau2 * estimate * estimate / (2.0 * variance * total)
-    )
+    if variance <= 0 or not alternatives or min(alternatives) <= 0:
+        raise ValueError(f"variance and alternatives must be > 0, got {variance!r}, {alternatives!r}")
+    weights = [1.0] * len(alternatives) if weights is None else list(weights)
+    if len(weights) != len(alternatives) or min(weights) <= 0:
+        raise ValueError(f"one weight > 0 per alternative, got {weights!r} for {alternatives!r}")
+    total = sum(weights)
+    terms = [
+        math.log(w / total) + theta * (estimate - theta / 2.0) / variance
+        for theta, w in zip(alternatives, weights, strict=True)
+    ]
+    top = max(terms)
+    return top + math.log(sum(math.exp(t - top) for t in terms))
 
 
 # A fixed grid of alternatives for the exact binomial test, in log-odds above the null, equally weighted.
@@ -292,14 +321,23 @@ def _verdict_from_tests(
     comparison: str,
     canary: dict[str, float],
     stable: dict[str, float],
+    not_yet_failing: str | None = None,
 ) -> MetricVerdict:
-    """The one decision rule shared by every comparison (see the module docstring)."""
+    """The one decision rule shared by every comparison (see the module docstring).
+
+    ``not_yet_failing`` says why the data cannot fail the canary yet (the normal approximation not sound),
+    or is None."""
     threshold = settings.threshold
     bound = f"log(1/α)={threshold:.2f}"
     comparison = f"{metric}: {comparison}"
-    if worse_log_lr >= threshold:
+    if worse_log_lr >= threshold and not_yet_failing is None:
         decision = Decision.FAIL
         reason = f"{comparison}: canary worse, log-likelihood ratio {worse_log_lr:.2f} ≥ {bound}"
+    elif worse_log_lr >= threshold:
+        # worse by the statistic, but too few events to trust it: keep going, or, once the window is
+        # over, say that the data could not judge
+        decision = Decision.INCONCLUSIVE if final else Decision.PENDING
+        reason = f"{comparison}: log-likelihood ratio {worse_log_lr:.2f} ≥ {bound}, but {not_yet_failing}"
     elif within_log_lr >= threshold:
         decision = Decision.PASS
         reason = f"{comparison}: canary within the margin, log-likelihood ratio {within_log_lr:.2f} ≥ {bound}"
@@ -363,9 +401,18 @@ def compare_proportions(
     p_s0 = min(1.0 - floor, max(floor, (f_c + f_s - n_c * abs_) / (n_c * rel + n_s)))
     p_c0 = min(1.0 - floor, max(floor, rel * p_s0 + abs_))
     variance = p_c0 * (1 - p_c0) / n_c + rel * rel * p_s0 * (1 - p_s0) / n_s
-    mixture_sd = settings.effect_of_interest * max(p_s0, floor)
-    worse = gaussian_mixture_log_lr(estimate, variance, mixture_sd)
-    within = gaussian_mixture_log_lr(-estimate, variance, mixture_sd)
+    alternatives = settings.alternatives(p_c0)
+    worse = gaussian_alternatives_log_lr(estimate, variance, *alternatives)
+    within = gaussian_alternatives_log_lr(-estimate, variance, *alternatives)
+    # A count of rare events is skewed to the right, so a handful of them looks more surprising to the
+    # normal approximation than it is; the textbook rule wants about 5 expected before trusting it.
+    expected = n_c * p_c0
+    not_yet_failing = (
+        None
+        if expected >= MIN_EXPECTED_EVENTS
+        else f"only {expected:.1f} bad canary requests expected at the margin, fewer than the "
+        f"{MIN_EXPECTED_EVENTS} a rollback needs"
+    )
     comparison = (
         f"canary {label} {p_c:.2%} ({f_c:.0f}/{n_c:.0f}) vs stable {p_s:.2%} ({f_s:.0f}/{n_s:.0f}), "
         f"{settings.margin.describe(percent=True)}"
@@ -379,6 +426,7 @@ def compare_proportions(
         comparison=comparison,
         canary={"requests": n_c, "events": f_c, "ratio": p_c},
         stable={"requests": n_s, "events": f_s, "ratio": p_s},
+        not_yet_failing=not_yet_failing,
     )
 
 
@@ -407,11 +455,11 @@ def compare_means(
     rel, abs_ = settings.margin.relative, settings.margin.absolute
     estimate = canary.mean - rel * stable.mean - abs_
     variance = canary.variance / canary.count + rel * rel * stable.variance / stable.count
-    scale = max(stable.mean, math.sqrt(stable.variance), 1e-12)
-    variance = max(variance, (1e-9 * scale) ** 2)  # identical constant samples: keep the ratio finite
-    mixture_sd = settings.effect_of_interest * scale
-    worse = gaussian_mixture_log_lr(estimate, variance, mixture_sd)
-    within = gaussian_mixture_log_lr(-estimate, variance, mixture_sd)
+    bound = max(rel * stable.mean + abs_, math.sqrt(stable.variance), 1e-12)  # the canary mean it allows
+    variance = max(variance, (1e-9 * bound) ** 2)  # identical constant samples: keep the ratio finite
+    alternatives = settings.alternatives(bound)
+    worse = gaussian_alternatives_log_lr(estimate, variance, *alternatives)
+    within = gaussian_alternatives_log_lr(-estimate, variance, *alternatives)
     comparison = (
         f"canary mean {canary.mean:.4g}{unit} (n={canary.count:.0f}) vs stable {stable.mean:.4g}{unit} "
         f"(n={stable.count:.0f}), {settings.margin.describe(percent=False)}"
@@ -531,13 +579,7 @@ def evaluate(metrics: Sequence[MetricInput], settings: AnalysisSettings, *, fina
     per_metric = settings.with_alpha(settings.alpha / len(metrics))
     verdicts = []
     for m in metrics:
-        s = (
-            per_metric
-            if m.margin is None
-            else AnalysisSettings(
-                per_metric.alpha, m.margin, per_metric.min_requests, per_metric.effect_of_interest
-            )
-        )
+        s = per_metric if m.margin is None else per_metric.with_margin(m.margin)
         if m.paired is not None:
             verdicts.append(compare_paired(m.name, m.paired, s, final=final))
         elif isinstance(m.canary, MeanSample) and isinstance(m.stable, MeanSample):

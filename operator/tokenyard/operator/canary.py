@@ -11,20 +11,25 @@ measurements read from Prometheus.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from tokenyard.core.metrics import bucket_at_or_below
-from tokenyard.core.types import AnalysisMetricKind, ModelDeploymentSpec
+from tokenyard.core.types import AnalysisMetric, AnalysisMetricKind, ModelDeploymentSpec
 from tokenyard.operator.analysis import (
     AnalysisResult,
     AnalysisSettings,
     Decision,
     Margin,
+    MeanSample,
     MetricInput,
+    PairedCounts,
     ProportionCounts,
     evaluate,
 )
@@ -38,6 +43,9 @@ from tokenyard.operator.rollout import (
     SetWeightStep,
     ShadowStep,
     Strategy,
+    analysis_look_due,
+    analysis_window,
+    last_analysis,
 )
 
 COMMAND_ANNOTATION = "tokenyard.dev/rollout-command"
@@ -49,7 +57,9 @@ def strategy_from_spec(spec: ModelDeploymentSpec) -> Strategy:
         if step.set_weight is not None:
             steps.append(SetWeightStep(step.set_weight))
         elif step.pause is not None:
-            steps.append(PauseStep(None if step.pause.duration_seconds is None else float(step.pause.duration_seconds)))
+            steps.append(
+                PauseStep(None if step.pause.duration_seconds is None else float(step.pause.duration_seconds))
+            )
         elif step.shadow is not None:
             steps.append(ShadowStep(step.shadow.fraction, float(step.shadow.duration_seconds)))
         elif step.analysis is not None:
@@ -62,6 +72,7 @@ def strategy_from_spec(spec: ModelDeploymentSpec) -> Strategy:
         max_surge=None,
         drain_timeout_s=float(spec.rollout.drain_seconds),
         auto_rollback=spec.rollout.auto_rollback,
+        analysis_interval_s=float(spec.rollout.analysis.interval_seconds),
     )
 
 
@@ -86,13 +97,28 @@ def commands_from(annotations: Mapping[str, str], paused: bool, state: RolloutSt
     if paused and state.pause_reason is None and not state.phase.terminal:
         commands.append(Command(CommandKind.PAUSE, f"spec.paused@{state.canary_revision}"))
     if not paused and state.pause_reason is PauseReason.USER:
-        commands.append(Command(CommandKind.RESUME, f"spec.unpaused@{state.canary_revision}@{state.paused_at}"))
+        commands.append(
+            Command(CommandKind.RESUME, f"spec.unpaused@{state.canary_revision}@{state.paused_at}")
+        )
     return tuple(commands)
 
 
 def _settings(spec: ModelDeploymentSpec) -> AnalysisSettings:
     analysis = spec.rollout.analysis
-    return AnalysisSettings(alpha=analysis.alpha, margin=Margin(absolute=analysis.margin), min_requests=analysis.min_requests)
+    return AnalysisSettings(
+        alpha=analysis.alpha, margin=Margin(absolute=analysis.margin), min_requests=analysis.min_requests
+    )
+
+
+@dataclass(frozen=True)
+class AnalysisObservation:
+    """What the analysis says in this reconcile: a new look (``looked_at`` set, ``status`` its status
+    form), the standing verdict of the last look, or nothing (``decision`` None: no analysis running)."""
+
+    decision: Decision | None = None
+    reason: str = ""
+    looked_at: float | None = None
+    status: dict | None = None
 
 
 class PrometheusAnalysis:
@@ -102,10 +128,44 @@ class PrometheusAnalysis:
         self.url = url.rstrip("/") if url else None
         self.timeout = aiohttp.ClientTimeout(total=timeout)
 
+    async def observe(
+        self,
+        spec: ModelDeploymentSpec,
+        model: str,
+        namespace: str,
+        strategy: Strategy,
+        state: RolloutState,
+        now: float,
+    ) -> AnalysisObservation:
+        """Look when a look is due (``rollout.analysis_look_due``: every ``intervalSeconds``, and at the end
+        of the window); in between, the last look's verdict stands."""
+        window = analysis_window(strategy, state, now)
+        if window is None or not state.canary_revision:
+            return AnalysisObservation()
+        if not analysis_look_due(strategy, state, now):
+            decision, reason = last_analysis(state)
+            return AnalysisObservation(decision, reason)
+        since, final = window
+        result = await self.judge(
+            spec,
+            model,
+            namespace,
+            state.stable_revision,
+            state.canary_revision,
+            since=since,
+            now=now,
+            final=final,
+            shadow=isinstance(strategy.steps[state.step_index], ShadowStep),
+        )
+        looked = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status = {**result.to_dict(), "time": looked}
+        return AnalysisObservation(result.decision, result.reason, now, status)
+
     async def judge(
         self,
         spec: ModelDeploymentSpec,
         model: str,
+        namespace: str,
         stable: str,
         canary: str,
         since: float,
@@ -114,72 +174,251 @@ class PrometheusAnalysis:
         shadow: bool,
     ) -> AnalysisResult:
         if not self.url:
-            return AnalysisResult(Decision.INCONCLUSIVE, "no Prometheus configured for the analysis (--prometheus-url)", ())
-        window = f"{max(1, math.ceil(now - since))}s"
-        metrics = spec.rollout.analysis.metrics or []
-        kinds = [(m.name, m.kind, m.slo_seconds) for m in metrics] or [("errors", AnalysisMetricKind.ERROR_RATIO, None)]
+            return AnalysisResult(
+                Decision.INCONCLUSIVE, "no Prometheus configured for the analysis (--prometheus-url)", ()
+            )
+        scope = QueryScope(model, namespace, f"{max(1, math.ceil(now - since))}s")
+        metrics = spec.rollout.analysis.metrics or [
+            AnalysisMetric(name="errors", kind=AnalysisMetricKind.ERROR_RATIO)
+        ]
         inputs = []
         try:
             async with aiohttp.ClientSession(timeout=self.timeout) as session:
-                for name, kind, slo in kinds:
-                    counts = await self._counts(session, kind, slo, model, window, shadow, stable, canary)
-                    if counts is None:
-                        inputs.append(MetricInput(name))  # unsupported kind: inconclusive, named
-                        continue
-                    canary_counts, stable_counts = counts
-                    label = "share over TTFT SLO" if kind == AnalysisMetricKind.TTFT_OVER_SLO else "error ratio"
-                    inputs.append(MetricInput(name, canary=canary_counts, stable=stable_counts, label=label))
+                for metric in metrics:
+                    inputs.append(await self._measure(session, metric, scope, stable, canary, shadow))
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            return AnalysisResult(Decision.INCONCLUSIVE, f"Prometheus at {self.url} unreachable or failing: {e}", ())
+            return AnalysisResult(
+                Decision.INCONCLUSIVE, f"Prometheus at {self.url} unreachable or failing: {e}", ()
+            )
         return evaluate(inputs, _settings(spec), final=final)
 
-    async def _counts(self, session, kind, slo, model, window, shadow, stable, canary):
-        sel = f'model="{model}"'
-        if kind == AnalysisMetricKind.ERROR_RATIO:
-            total = f"sum by (revision) (increase(tokenyard_router_requests_total{{{sel}}}[{window}]))"
-            bad = f"sum by (revision) (increase(tokenyard_router_errors_total{{{sel}}}[{window}]))"
-        elif kind == AnalysisMetricKind.TTFT_OVER_SLO:
-            total = f"sum by (revision) (increase(tokenyard_router_time_to_first_token_seconds_count{{{sel}}}[{window}]))"
-            fast = (
-                f'sum by (revision) (increase(tokenyard_router_time_to_first_token_seconds_bucket{{{sel},le="{_le(slo)}"}}[{window}]))'
+    async def _measure(
+        self, session, metric: AnalysisMetric, scope: QueryScope, stable, canary, shadow
+    ) -> MetricInput:
+        name, kind = metric.name, metric.kind
+        if kind == AnalysisMetricKind.INTER_TOKEN_LATENCY:
+            count, total, buckets = inter_token_latency_queries(scope)
+            counts = await self._vector(session, count, "revision")
+            sums = await self._vector(session, total, "revision")
+            by_bucket = await self._vector(session, buckets, "revision", "le")
+
+            def sample(revision: str) -> MeanSample:
+                cumulative = {float(le): v for (r, le), v in by_bucket.items() if r == revision}
+                return mean_sample(counts.get(revision), sums.get(revision), cumulative)
+
+            return MetricInput(name, canary=sample(canary), stable=sample(stable))
+        if kind == AnalysisMetricKind.PROMQL:
+            canary_counts, stable_counts = [
+                await self._promql_counts(session, metric, scope, r) for r in (canary, stable)
+            ]
+            return MetricInput(
+                name, canary=canary_counts, stable=stable_counts, label="share of bad requests"
             )
-            bad = f"({total}) - ({fast})"
-        else:
-            return None
-        totals, bads = await self._by_revision(session, total), await self._by_revision(session, bad)
+        if shadow and kind == AnalysisMetricKind.ERROR_RATIO:
+            # The very same requests answered by both: compare pairs when the router reports them.
+            outcomes_query, matches_query = shadow_pair_queries(scope, canary)
+            outcomes = await self._vector(session, outcomes_query, "outcome")
+            if outcomes:
+                matches = await self._vector(session, matches_query, "match")
+                return MetricInput(name, paired=paired_counts(outcomes, matches))
+        total, bad = proportion_queries(kind, metric.slo_seconds, scope)
+        totals, bads = (
+            await self._vector(session, total, "revision"),
+            await self._vector(session, bad, "revision"),
+        )
         if shadow:
             # A shadow step's canary answers only copies: its counts come from the shadow metrics.
             # Dropped copies (no shadow replica available, or too many in flight) were never answered.
-            shadow_total = (
-                f'sum by (revision) (increase(tokenyard_router_shadow_requests_total{{{sel},outcome=~"ok|error"}}[{window}]))'
+            shadow_total, shadow_bad = shadow_request_queries(scope)
+            totals[canary] = (await self._vector(session, shadow_total, "revision")).get(canary)
+            bads[canary] = (await self._vector(session, shadow_bad, "revision")).get(
+                canary, 0.0 if totals[canary] else None
             )
-            shadow_bad = (
-                f'sum by (revision) (increase(tokenyard_router_shadow_requests_total{{{sel},outcome="error"}}[{window}]))'
-            )
-            totals[canary] = (await self._by_revision(session, shadow_total)).get(canary)
-            bads[canary] = (await self._by_revision(session, shadow_bad)).get(canary, 0.0 if totals[canary] else None)
+        label = "share over TTFT SLO" if kind == AnalysisMetricKind.TTFT_OVER_SLO else "error ratio"
+        return MetricInput(
+            name,
+            canary=_proportion(totals.get(canary), bads.get(canary)),
+            stable=_proportion(totals.get(stable), bads.get(stable)),
+            label=label,
+        )
 
-        def counts(revision):
-            requests = totals.get(revision)
-            events = bads.get(revision, 0.0 if requests is not None else None)
-            if requests is not None and events is not None:
-                # increase() extrapolates each series on its own, so errors can exceed requests by a hair.
-                events = min(events, requests)
-            return ProportionCounts(requests, events)
+    async def _promql_counts(
+        self, session, metric: AnalysisMetric, scope: QueryScope, revision: str
+    ) -> ProportionCounts:
+        values = {
+            "revision": revision,
+            "window": scope.window,
+            "model": scope.model,
+            "namespace": scope.namespace,
+        }
+        total = await self._number(session, substitute(metric.total_query or "", values))
+        bad = await self._number(session, substitute(metric.bad_query or "", values))
+        return _proportion(total, bad)
 
-        return counts(canary), counts(stable)
-
-    async def _by_revision(self, session: aiohttp.ClientSession, query: str) -> dict[str, float]:
+    async def _query(self, session: aiohttp.ClientSession, query: str) -> dict:
         async with session.get(f"{self.url}/api/v1/query", params={"query": query}) as response:
             body = await response.json(content_type=None)
         if body.get("status") != "success":
-            raise ValueError(f"query failed: {body.get('error', body)}")
+            raise ValueError(f"query failed: {body.get('error', body)} (query: {query})")
+        return body["data"]
+
+    async def _vector(self, session: aiohttp.ClientSession, query: str, *labels: str) -> dict:
+        """The finite samples of an instant vector, keyed by the value of ``labels`` (a tuple for several)."""
         out = {}
-        for sample in body["data"]["result"]:
+        for sample in (await self._query(session, query))["result"]:
             value = float(sample["value"][1])
             if math.isfinite(value):
-                out[sample["metric"].get("revision", "")] = value
+                key = tuple(sample["metric"].get(label, "") for label in labels)
+                out[key if len(labels) > 1 else key[0]] = value
         return out
+
+    async def _number(self, session: aiohttp.ClientSession, query: str) -> float | None:
+        """One number from a query: a scalar, or the sum of a vector's samples; None when it has none."""
+        data = await self._query(session, query)
+        if data.get("resultType") == "scalar":
+            values = [float(data["result"][1])]
+        else:
+            values = [float(sample["value"][1]) for sample in data["result"]]
+        values = [v for v in values if math.isfinite(v)]
+        return sum(values) if values else None
+
+
+def _proportion(requests: float | None, events: float | None) -> ProportionCounts:
+    if requests is not None and events is None:
+        events = 0.0  # no series of bad requests: none happened
+    if requests is not None and events is not None:
+        # increase() extrapolates each series on its own, so errors can exceed requests by a hair.
+        events = min(events, requests)
+    return ProportionCounts(requests, events)
+
+
+# --- the queries (pure, so that their text is tested) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueryScope:
+    """Whose metrics, over which window: one ModelDeployment's model in its namespace."""
+
+    model: str
+    namespace: str
+    window: str  # a PromQL range, e.g. "300s"
+
+    @property
+    def selector(self) -> str:
+        # The router labels its series with the ModelDeployment's namespace; an older router does not, and an
+        # absent label matches the empty string, so the alternative keeps both working. Namespaces are DNS
+        # labels: no regular-expression metacharacter can occur in one.
+        return f'model="{_escape(self.model)}",namespace=~"{self.namespace}|"'
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _increase(metric: str, scope: QueryScope, by: str, extra: str = "") -> str:
+    return f"sum by ({by}) (increase({metric}{{{scope.selector}{extra}}}[{scope.window}]))"
+
+
+def proportion_queries(kind: AnalysisMetricKind, slo: float | None, scope: QueryScope) -> tuple[str, str]:
+    """(all requests, bad requests) per revision for a proportion metric."""
+    if kind == AnalysisMetricKind.ERROR_RATIO:
+        return (
+            _increase("tokenyard_router_requests_total", scope, "revision"),
+            _increase("tokenyard_router_errors_total", scope, "revision"),
+        )
+    if kind == AnalysisMetricKind.TTFT_OVER_SLO:
+        total = _increase("tokenyard_router_time_to_first_token_seconds_count", scope, "revision")
+        fast = _increase(
+            "tokenyard_router_time_to_first_token_seconds_bucket", scope, "revision", f',le="{_le(slo)}"'
+        )
+        return total, f"({total}) - ({fast})"
+    raise ValueError(f"{kind} is not a proportion metric")
+
+
+def shadow_request_queries(scope: QueryScope) -> tuple[str, str]:
+    """(answered shadow copies, failed ones) per revision."""
+    metric = "tokenyard_router_shadow_requests_total"
+    return (
+        _increase(metric, scope, "revision", ',outcome=~"ok|error"'),
+        _increase(metric, scope, "revision", ',outcome="error"'),
+    )
+
+
+def shadow_pair_queries(scope: QueryScope, canary: str) -> tuple[str, str]:
+    """(pairs by outcome, greedy both-succeeded pairs by whether the outputs matched) of the shadow revision."""
+    revision = f',revision="{_escape(canary)}"'
+    return (
+        _increase("tokenyard_router_shadow_pairs_total", scope, "outcome", revision),
+        _increase("tokenyard_router_shadow_output_match_total", scope, "match", revision),
+    )
+
+
+def paired_counts(outcomes: Mapping[str, float], matches: Mapping[str, float]) -> PairedCounts:
+    """The router's pair outcomes (both_ok, shadow_only_error, primary_only_error, both_error) and output
+    matches (greedy pairs where both succeeded) as the paired test's counts. The shadow is the canary."""
+    pairs = sum(outcomes.values())
+    compared = matches.get("true", 0.0) + matches.get("false", 0.0)
+    return PairedCounts(
+        pairs=pairs,
+        canary_only_failures=outcomes.get("shadow_only_error", 0.0),
+        stable_only_failures=outcomes.get("primary_only_error", 0.0),
+        # no greedy pairs compared: there is no output agreement to test
+        both_succeeded=compared if compared > 0 else None,
+        outputs_differ=matches.get("false", 0.0) if compared > 0 else None,
+    )
+
+
+def inter_token_latency_queries(scope: QueryScope) -> tuple[str, str, str]:
+    """(count, sum, cumulative buckets by le) per revision of the router's inter-token latency histogram."""
+    metric = "tokenyard_router_inter_token_latency_seconds"
+    return (
+        _increase(f"{metric}_count", scope, "revision"),
+        _increase(f"{metric}_sum", scope, "revision"),
+        _increase(f"{metric}_bucket", scope, "revision, le"),
+    )
+
+
+def mean_sample(count: float | None, total: float | None, cumulative: Mapping[float, float]) -> MeanSample:
+    """Mean and variance of a histogram's observations from its count, sum and cumulative buckets.
+
+    Observations are taken as spread evenly within each bucket (a bucket (lo, hi] adds its mass times
+    (midpoint − mean)² + (hi − lo)²/12); those above the last finite bound sit at the mean the sum leaves
+    for them (at least that bound). Buckets wide against the spread make this err on the large side
+    (Sheppard's correction would subtract the (hi − lo)²/12 instead, and can fall far below the truth):
+    a variance too large only slows detection, one too small would roll back by chance. Without buckets
+    the variance is unknown (None: inconclusive).
+    """
+    if count is None or total is None or count <= 0:
+        return MeanSample(count, None, None)
+    mean = total / count
+    bounds = sorted(b for b in cumulative if math.isfinite(b))
+    if not bounds:
+        return MeanSample(count, mean, None)
+    squares, mass_below, sum_below, low = 0.0, 0.0, 0.0, 0.0
+    for high in bounds:
+        mass = max(0.0, min(cumulative[high], count) - mass_below)
+        middle = (low + high) / 2
+        squares += mass * ((middle - mean) ** 2 + (high - low) ** 2 / 12)
+        mass_below, sum_below, low = mass_below + mass, sum_below + mass * middle, high
+    above = count - mass_below
+    if above > 0:
+        tail_mean = max(low, (total - sum_below) / above)
+        squares += above * (tail_mean - mean) ** 2
+    return MeanSample(count, mean, squares / count)
+
+
+def substitute(query: str, values: Mapping[str, str]) -> str:
+    """A PromQL analysis query with its $names replaced; an unknown $name is an error that names it."""
+
+    def one(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in values:
+            raise ValueError(
+                f"unknown ${name} in the analysis query {query!r} (known: {', '.join(sorted(values))})"
+            )
+        return values[name]
+
+    return re.sub(r"\$([a-z]+)", one, query)
 
 
 def _le(slo: float | None) -> str:

@@ -55,8 +55,6 @@ from tokenyard.operator.rollout import (
     ScaleGroups,
     SetShadow,
     SetWeights,
-    ShadowStep,
-    analysis_window,
     start_rollout,
 )
 from tokenyard.operator.rollout import step as rollout_step
@@ -361,27 +359,14 @@ async def _canary_step(body: Any, spec: ModelDeploymentSpec, update_revision: st
     for g in groups:
         if g.ready:
             ready[g.revision] = ready.get(g.revision, 0) + 1
-    analysis_status = None
-    verdict, verdict_reason = None, ""
-    window = analysis_window(strategy, state, now)
-    if window is not None and state.canary_revision:
-        current_step = strategy.steps[state.step_index]
-        result = await ANALYSIS.judge(
-            spec,
-            spec.model.served_model_name or body["metadata"]["name"],
-            state.stable_revision,
-            state.canary_revision,
-            since=window[0],
-            now=now,
-            final=window[1],
-            shadow=isinstance(current_step, ShadowStep),
-        )
-        verdict, verdict_reason = result.decision, result.reason
-        analysis_status = {**result.to_dict(), "time": _now_iso()}
+    model = spec.model.served_model_name or body["metadata"]["name"]
+    look = await ANALYSIS.observe(spec, model, body["metadata"]["namespace"], strategy, state, now)
+    analysis_status = look.status
     observed = Observations(
         ready_groups=ready,
-        analysis=verdict,
-        analysis_reason=verdict_reason,
+        analysis=look.decision,
+        analysis_reason=look.reason,
+        analysis_at=look.looked_at,
         commands=commands_from(body["metadata"].get("annotations") or {}, spec.paused, state),
     )
     decision = rollout_step(strategy, state, observed, now)
@@ -478,23 +463,28 @@ def _nodes(summaries: Iterable[dict[str, Any]], pod_gpus_index: Any, ignore_pods
     now = time.time()
     seen_pods: set[str] = set()
     used: dict[str, int] = {}
+    # Pods per node let best fit prefer the busier of two equal nodes (packing keeps the emptier one whole).
+    pods: dict[str, int] = {}
     for summary in summaries:
         for pod_key, gpus in pod_gpus_index.get(summary["name"], []):
             seen_pods.add(pod_key.split("/", 1)[1])
             if pod_key in ignore_pods:
                 continue
             used[summary["name"]] = used.get(summary["name"], 0) + gpus
+            pods[summary["name"]] = pods.get(summary["name"], 0) + 1
     for pod_name, (node, gpus, created) in list(RUNTIME.reservations.items()):
         if pod_name in seen_pods or now - created > 60:
             del RUNTIME.reservations[pod_name]
         else:
             used[node] = used.get(node, 0) + gpus
+            pods[node] = pods.get(node, 0) + 1
     return [
         Node(
             name=s["name"],
             labels=s["labels"],
             gpu_allocatable=s["gpus"],
             gpu_used=used.get(s["name"], 0),
+            gpu_pods=pods.get(s["name"], 0),
             gpu_product=s["labels"].get(keys.NODE_GPU_PRODUCT, ""),
             ready=s["ready"],
             schedulable=s["schedulable"],

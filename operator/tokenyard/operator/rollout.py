@@ -56,7 +56,9 @@ __all__ = [
     "SetWeights",
     "ShadowStep",
     "Strategy",
+    "analysis_look_due",
     "analysis_window",
+    "last_analysis",
     "start_rollout",
     "step",
 ]
@@ -116,6 +118,7 @@ class AnalysisStep:
 
 Step = SetWeightStep | PauseStep | ShadowStep | AnalysisStep
 
+
 @dataclass(frozen=True)
 class Strategy:
     """``ModelDeployment.spec.rollout`` in plain form, with the desired number of groups."""
@@ -126,6 +129,7 @@ class Strategy:
     drain_timeout_s: float = 60.0
     progress_deadline_s: float = 600.0  # waiting this long for canary groups to be ready rolls back
     auto_rollback: bool = True
+    analysis_interval_s: float = 0.0  # least time between two looks of the analysis (0: every reconcile)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -177,6 +181,11 @@ class RolloutState:
     rolled_back_revision: str | None = None
     message: str = ""  # the reason for the last transition
     handled_commands: tuple[str, ...] = ()
+    # The analysis' last look: when, and its verdict, which stands until the next look is due. Kept in the
+    # status so that an operator restart neither looks early nor forgets the verdict.
+    analysis_looked_at: float | None = None
+    analysis_decision: Decision | None = None
+    analysis_reason: str = ""
 
     def to_dict(self) -> dict:
         return {
@@ -195,12 +204,16 @@ class RolloutState:
             "rolledBackRevision": self.rolled_back_revision,
             "message": self.message,
             "handledCommands": list(self.handled_commands),
+            "analysisLookedAt": self.analysis_looked_at,
+            "analysisDecision": None if self.analysis_decision is None else str(self.analysis_decision),
+            "analysisReason": self.analysis_reason,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping) -> RolloutState:
         try:
             pause = data.get("pauseReason")
+            analysis = data.get("analysisDecision")
             return cls(
                 stable_revision=data["stableRevision"],
                 phase=Phase(data.get("phase", Phase.HEALTHY)),
@@ -217,6 +230,9 @@ class RolloutState:
                 rolled_back_revision=data.get("rolledBackRevision"),
                 message=data.get("message", ""),
                 handled_commands=tuple(data.get("handledCommands", ())),
+                analysis_looked_at=data.get("analysisLookedAt"),
+                analysis_decision=None if analysis is None else Decision(analysis),
+                analysis_reason=data.get("analysisReason", ""),
             )
         except (KeyError, ValueError, TypeError) as error:
             raise ValueError(
@@ -232,6 +248,7 @@ class Observations:
     analysis: Decision | None = None  # verdict of the analysis running now (None: none is running)
     analysis_reason: str = ""
     commands: tuple[Command, ...] = ()
+    analysis_at: float | None = None  # when that verdict was reached (a look), if it is a new one
 
 
 @dataclass(frozen=True)
@@ -306,8 +323,40 @@ def analysis_window(strategy: Strategy, state: RolloutState, now: float) -> tupl
     return None
 
 
+def analysis_look_due(strategy: Strategy, state: RolloutState, now: float) -> bool:
+    """For the adapter, while ``analysis_window`` is open: should the analysis look now?
+
+    Yes for the first look of a window, once ``analysis_interval_s`` has passed since the last look (also
+    after the window ended, while an inconclusive final look keeps the rollout paused), and for the final
+    look when the window ends (the one that may pass the canary). In between, the adapter passes on
+    ``last_analysis`` instead. The sequential test stays valid however often it looks; the interval
+    bounds the load on Prometheus and is the cadence users configured.
+    """
+    window = analysis_window(strategy, state, now)
+    if window is None:
+        return False
+    start, over = window
+    looked = state.analysis_looked_at
+    # A look at the window's very start came from the step before (its verdict started this one).
+    first = looked is None or looked <= start
+    final = over and not first and looked < start + strategy.steps[state.step_index].duration_s
+    return first or final or now - looked >= strategy.analysis_interval_s
+
+
+def last_analysis(state: RolloutState) -> tuple[Decision | None, str]:
+    """The verdict of the last look, standing until the next one."""
+    return state.analysis_decision, state.analysis_reason
+
+
 def step(strategy: Strategy, state: RolloutState, observed: Observations, now: float) -> RolloutDecision:
     """One reconcile: apply new commands, advance as far as the observations allow, say what to do."""
+    if observed.analysis_at is not None:
+        state = replace(
+            state,
+            analysis_looked_at=observed.analysis_at,
+            analysis_decision=observed.analysis,
+            analysis_reason=observed.analysis_reason,
+        )
     machine = _Machine(strategy, state, observed, now)
     machine.apply_commands()
     machine.advance()

@@ -20,7 +20,7 @@ from tokenyard.operator.analysis import (
     compare_paired,
     compare_proportions,
     evaluate,
-    gaussian_mixture_log_lr,
+    gaussian_alternatives_log_lr,
 )
 
 ALPHA = 0.05
@@ -103,6 +103,20 @@ def test_too_little_data_never_fails_even_when_every_request_failed():
     assert verdict.decision is Decision.PENDING
 
 
+def test_a_handful_of_canary_failures_waits_for_enough_expected_events():
+    # 20 of 200 canary requests failed, none of 800 stable ones: 4 expected at the margin, too few to
+    # trust the normal approximation; with 300 canary requests (6 expected) the canary fails
+    few = compare_proportions("errors", ProportionCounts(200, 20), ProportionCounts(800, 0), SETTINGS)
+    assert few.decision is Decision.PENDING
+    assert "fewer than the 5 a rollback needs" in few.reason
+    at_end = compare_proportions(
+        "errors", ProportionCounts(200, 20), ProportionCounts(800, 0), SETTINGS, final=True
+    )
+    assert at_end.decision is Decision.INCONCLUSIVE
+    enough = compare_proportions("errors", ProportionCounts(300, 30), ProportionCounts(1200, 0), SETTINGS)
+    assert enough.decision is Decision.FAIL
+
+
 def test_slower_latency_mean_fails_and_equal_passes_at_the_end():
     stable = MeanSample(count=5000, mean=0.020, variance=0.005**2)
     slower = MeanSample(count=1000, mean=0.025, variance=0.006**2)
@@ -177,7 +191,14 @@ def test_per_metric_margin_overrides_the_default():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"alpha": 0}, {"alpha": 1.5}, {"min_requests": 0}, {"effect_of_interest": -1}]
+    "kwargs",
+    [
+        {"alpha": 0},
+        {"alpha": 1.5},
+        {"min_requests": 0},
+        {"effects_of_interest": (0.5, -1)},
+        {"effects_of_interest": ()},
+    ],
 )
 def test_bad_settings_are_rejected_with_the_field_name(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
@@ -198,17 +219,29 @@ def test_bad_margins_are_rejected():
     a=st.floats(-1, 1),
     b=st.floats(-1, 1),
     variance=st.floats(1e-8, 1),
-    sd=st.floats(1e-4, 1),
+    alternatives=st.lists(st.floats(1e-4, 1), min_size=1, max_size=4),
 )
-def test_gaussian_mixture_grows_with_the_estimate(a, b, variance, sd):
+def test_gaussian_mixture_grows_with_the_estimate(a, b, variance, alternatives):
     low, high = sorted((a, b))
-    assert gaussian_mixture_log_lr(low, variance, sd) <= gaussian_mixture_log_lr(high, variance, sd) + 1e-9
+    assert (
+        gaussian_alternatives_log_lr(low, variance, alternatives)
+        <= gaussian_alternatives_log_lr(high, variance, alternatives) + 1e-9
+    )
 
 
-def test_gaussian_mixture_before_any_evidence_is_below_one():
-    assert gaussian_mixture_log_lr(0.0, 1.0, 1.0) == pytest.approx(0.5 * math.log(0.5))
+def test_gaussian_mixture_before_any_evidence_is_below_one_and_averages_its_alternatives():
+    # one alternative θ: log Λ = θ(θ̂ − θ/2)/σ²
+    assert gaussian_alternatives_log_lr(0.0, 1.0, [1.0]) == pytest.approx(-0.5)
+    assert gaussian_alternatives_log_lr(2.0, 0.5, [1.0]) == pytest.approx(3.0)
+    # two: the log of the mean of the two likelihood ratios
+    both = gaussian_alternatives_log_lr(1.0, 1.0, [1.0, 2.0])
+    assert both == pytest.approx(math.log((math.exp(0.5) + math.exp(0.0)) / 2))
+    weighted = gaussian_alternatives_log_lr(1.0, 1.0, [1.0, 2.0], [3.0, 1.0])
+    assert weighted == pytest.approx(math.log(0.75 * math.exp(0.5) + 0.25 * math.exp(0.0)))
     with pytest.raises(ValueError, match="variance"):
-        gaussian_mixture_log_lr(0.1, 0.0, 1.0)
+        gaussian_alternatives_log_lr(0.1, 0.0, [1.0])
+    with pytest.raises(ValueError, match="weight"):
+        gaussian_alternatives_log_lr(0.1, 1.0, [1.0], [1.0, 2.0])
 
 
 @given(trials=st.integers(1, 5000), data=st.data(), p0=st.floats(0.01, 0.99))

@@ -23,7 +23,9 @@ from tokenyard.operator.rollout import (
     SetWeightStep,
     ShadowStep,
     Strategy,
+    analysis_look_due,
     analysis_window,
+    last_analysis,
     start_rollout,
     step,
 )
@@ -94,6 +96,7 @@ def test_strategy_from_the_model_deployment_spec():
         PauseStep(None),
     )
     assert (parsed.replicas, parsed.drain_timeout_s, parsed.auto_rollback) == (3, 45.0, False)
+    assert parsed.analysis_interval_s == 30.0  # spec.rollout.analysis.intervalSeconds, by default
     # The canary is sized by its weight, not by the rolling update's maxSurge: 50% of 3 groups needs 2.
     assert parsed.canary_groups_for(50) == 2
 
@@ -174,6 +177,40 @@ def test_analysis_step_over_without_a_verdict_pauses():
     assert analysis_window(plan, d.state, 60) == (0, True)
     d = step(plan, d.state, obs(4, 1), 60)
     assert d.state.pause_reason is PauseReason.INCONCLUSIVE
+
+
+def test_analysis_looks_every_interval_and_at_the_end_and_remembers_across_a_restart():
+    plan = strategy(AnalysisStep(100), AnalysisStep(100), analysis_interval_s=30)
+    d = step(plan, begin(), obs(4, 1), 0)  # the first step starts at 0
+    assert analysis_look_due(plan, d.state, 5)  # nothing seen yet in this window
+    d = step(
+        plan, d.state, Observations({STABLE: 4, CANARY: 1}, Decision.PENDING, "undecided", analysis_at=5), 5
+    )
+    assert not analysis_look_due(plan, d.state, 20)  # 15 s after the last look
+    assert last_analysis(d.state) == (Decision.PENDING, "undecided")
+    # the look time and verdict survive the status round trip (an operator restart)
+    restored = RolloutState.from_dict(json.loads(json.dumps(d.state.to_dict())))
+    assert restored == d.state
+    assert not analysis_look_due(plan, restored, 34) and analysis_look_due(plan, restored, 35)
+    # a carried verdict (no analysis_at) leaves the look time alone
+    d = step(plan, restored, obs(4, 1, Decision.PENDING, "undecided"), 20)
+    assert d.state.analysis_looked_at == 5
+    d = step(plan, d.state, Observations({STABLE: 4, CANARY: 1}, Decision.PENDING, "", analysis_at=95), 95)
+    assert not analysis_look_due(plan, d.state, 99)
+    assert analysis_look_due(plan, d.state, 100)  # the window is over: its final look, whatever the interval
+    # an inconclusive final look pauses; the analysis keeps looking at its interval, to resume by itself
+    paused = step(
+        plan, d.state, Observations({STABLE: 4, CANARY: 1}, Decision.INCONCLUSIVE, "", analysis_at=100), 100
+    )
+    assert paused.state.phase is Phase.PAUSED
+    assert not analysis_look_due(plan, paused.state, 110) and analysis_look_due(plan, paused.state, 130)
+    d = step(
+        plan, d.state, Observations({STABLE: 4, CANARY: 1}, Decision.PASS, "passed", analysis_at=100), 100
+    )
+    assert d.state.step_index == 1 and d.state.step_started_at == 100
+    # the PASS that ended the first window is not the second one's verdict: its first look is due at once
+    assert analysis_look_due(plan, d.state, 101)
+    assert not analysis_look_due(strategy(SetWeightStep(10)), begin(), 0)  # no analysis running
 
 
 def test_a_verdict_belongs_to_its_step():

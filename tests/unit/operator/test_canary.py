@@ -1,0 +1,253 @@
+"""The canary adapter's pure parts: the PromQL it sends, and how it turns the answers into the analysis' inputs."""
+
+import asyncio
+import random
+
+import pytest
+from tokenyard.core.types import AnalysisMetric, AnalysisMetricKind
+from tokenyard.operator.analysis import AnalysisResult, Decision, PairedCounts
+from tokenyard.operator.canary import (
+    PrometheusAnalysis,
+    QueryScope,
+    inter_token_latency_queries,
+    mean_sample,
+    paired_counts,
+    proportion_queries,
+    shadow_pair_queries,
+    shadow_request_queries,
+    substitute,
+)
+from tokenyard.operator.rollout import AnalysisStep, Observations, RolloutState, Strategy, start_rollout
+from tokenyard.operator.rollout import step as rollout_step
+
+SCOPE = QueryScope("llama", "team-a", "300s")
+SELECTOR = 'model="llama",namespace=~"team-a|"'
+
+
+# --- queries ---------------------------------------------------------------------------------------------
+
+
+def test_queries_filter_by_namespace_and_still_match_a_router_without_the_label():
+    total, bad = proportion_queries(AnalysisMetricKind.ERROR_RATIO, None, SCOPE)
+    assert total == f"sum by (revision) (increase(tokenyard_router_requests_total{{{SELECTOR}}}[300s]))"
+    assert bad == f"sum by (revision) (increase(tokenyard_router_errors_total{{{SELECTOR}}}[300s]))"
+    for query in (*shadow_request_queries(SCOPE), *inter_token_latency_queries(SCOPE)):
+        assert SELECTOR in query and "[300s]" in query
+
+
+def test_ttft_share_over_the_slo_uses_the_bucket_at_or_below_it():
+    total, bad = proportion_queries(AnalysisMetricKind.TTFT_OVER_SLO, 0.3, SCOPE)
+    assert "tokenyard_router_time_to_first_token_seconds_count" in total
+    fast = f'tokenyard_router_time_to_first_token_seconds_bucket{{{SELECTOR},le="0.25"}}'
+    assert bad == f"({total}) - (sum by (revision) (increase({fast}[300s])))"
+
+
+def test_label_values_are_escaped():
+    scope = QueryScope('we"ird\\model', "ns", "60s")
+    assert 'model="we\\"ird\\\\model"' in scope.selector
+
+
+def test_inter_token_latency_queries_read_the_histogram_per_revision():
+    count, total, buckets = inter_token_latency_queries(SCOPE)
+    assert count.startswith("sum by (revision) (increase(tokenyard_router_inter_token_latency_seconds_count{")
+    assert "tokenyard_router_inter_token_latency_seconds_sum{" in total
+    assert buckets.startswith(
+        "sum by (revision, le) (increase(tokenyard_router_inter_token_latency_seconds_bucket{"
+    )
+
+
+def test_shadow_pair_queries_select_the_shadow_revision():
+    outcomes, matches = shadow_pair_queries(SCOPE, "rev-b")
+    assert outcomes == (
+        f'sum by (outcome) (increase(tokenyard_router_shadow_pairs_total{{{SELECTOR},revision="rev-b"}}[300s]))'
+    )
+    assert matches == (
+        "sum by (match) (increase("
+        f'tokenyard_router_shadow_output_match_total{{{SELECTOR},revision="rev-b"}}[300s]))'
+    )
+
+
+def test_promql_metrics_substitute_their_names_and_reject_unknown_ones():
+    values = {"revision": "rev-b", "window": "300s", "model": "m", "namespace": "ns"}
+    query = 'sum(increase(my_bad{rev="$revision",ns="$namespace"}[$window]))'
+    assert substitute(query, values) == 'sum(increase(my_bad{rev="rev-b",ns="ns"}[300s]))'
+    with pytest.raises(ValueError, match=r"unknown \$revsion"):
+        substitute('x{r="$revsion"}', values)
+
+
+# --- answers into inputs ---------------------------------------------------------------------------------
+
+
+def test_pair_outcomes_map_onto_the_paired_counts():
+    outcomes = {"both_ok": 950.0, "shadow_only_error": 30.0, "primary_only_error": 5.0, "both_error": 15.0}
+    counts = paired_counts(outcomes, {"true": 700.0, "false": 40.0})
+    assert counts == PairedCounts(
+        pairs=1000.0,
+        canary_only_failures=30.0,
+        stable_only_failures=5.0,
+        both_succeeded=740.0,
+        outputs_differ=40.0,
+    )
+    # no greedy pairs compared (sampled traffic): no output agreement to test; a missing outcome is zero
+    assert paired_counts({"both_ok": 10.0}, {}) == PairedCounts(10.0, 0.0, 0.0, None, None)
+
+
+BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+def histogram(values):
+    return {b: float(sum(v <= b for v in values)) for b in BOUNDS}
+
+
+@pytest.mark.parametrize("sigma", [0.3, 0.5, 0.8])
+def test_histogram_variance_errs_on_the_large_side_within_the_bucket_resolution(sigma):
+    # inter-token latencies around 30 ms, over the coarse buckets 25/50/100 ms: a variance from buckets
+    # cannot be exact; too small would roll back by chance, too large only slows detection
+    rng = random.Random(7)
+    values = [rng.lognormvariate(-3.5, sigma) for _ in range(5_000)]
+    sample = mean_sample(len(values), sum(values), histogram(values))
+    mean = sum(values) / len(values)
+    true_variance = sum((v - mean) ** 2 for v in values) / len(values)
+    assert sample.mean == pytest.approx(mean)
+    assert true_variance <= sample.variance <= 2.5 * true_variance
+
+
+def test_histogram_variance_counts_the_observations_above_the_last_bound():
+    values = [0.02] * 90 + [3.0] * 10  # a tenth of the tokens stalled for 3 s, beyond the last bucket
+    sample = mean_sample(100, sum(values), histogram(values))
+    mean = sum(values) / 100
+    true_variance = sum((v - mean) ** 2 for v in values) / 100
+    assert sample.variance == pytest.approx(true_variance, rel=0.05)
+
+
+def test_a_histogram_with_no_observations_or_no_buckets_is_not_a_sample():
+    assert mean_sample(None, None, {}).mean is None
+    assert mean_sample(0.0, 0.0, {}).variance is None
+    no_buckets = mean_sample(10.0, 0.2, {})
+    assert no_buckets.mean == pytest.approx(0.02) and no_buckets.variance is None
+
+
+# --- when the analysis looks -----------------------------------------------------------------------------
+
+
+class CountingAnalysis(PrometheusAnalysis):
+    def __init__(self):
+        super().__init__("http://127.0.0.1:1")
+        self.looks = []
+
+    async def judge(self, spec, model, namespace, stable, canary, since, now, final, shadow):
+        self.looks.append((namespace, now, final))
+        return AnalysisResult(Decision.PENDING, f"look at {now:g}", ())
+
+
+def test_observe_looks_every_interval_and_the_last_verdict_stands_in_between():
+    plan = Strategy((AnalysisStep(120),), replicas=2, analysis_interval_s=30)
+    analysis = CountingAnalysis()
+    state = rollout_step(plan, start_rollout(RolloutState("a"), "b", 0), observe_nothing(), 0).state
+
+    async def reconcile(state, now):
+        seen = await analysis.observe(None, "m", "ns", plan, state, now)
+        observed = observe_nothing(seen.decision, seen.reason, seen.looked_at)
+        return rollout_step(plan, state, observed, now).state, seen
+
+    async def run(state):
+        seen_at = {}
+        for now in range(10, 131, 10):  # reconciles every 10 s through the end of the 120 s window
+            state, seen = await reconcile(state, now)
+            seen_at[now] = seen
+        return seen_at
+
+    seen_at = asyncio.run(run(state))
+    assert [now for _, now, _ in analysis.looks] == [10, 40, 70, 100, 120]
+    assert analysis.looks[-1] == ("ns", 120, True) and not any(final for _, _, final in analysis.looks[:-1])
+    assert seen_at[20].decision is Decision.PENDING and seen_at[20].reason == "look at 10"
+    assert seen_at[20].looked_at is None and seen_at[20].status is None  # carried, not a new look
+    assert seen_at[40].status["reason"] == "look at 40" and seen_at[40].status["time"].endswith("Z")
+
+
+def observe_nothing(decision=None, reason="", looked_at=None):
+    return Observations({"a": 2, "b": 1}, decision, reason, analysis_at=looked_at)
+
+
+def test_no_prometheus_is_inconclusive():
+    result = asyncio.run(PrometheusAnalysis(None).judge(None, "m", "ns", "a", "b", 0, 60, False, False))
+    assert result.decision is Decision.INCONCLUSIVE and "no Prometheus" in result.reason
+
+
+class CannedPrometheus(PrometheusAnalysis):
+    """Answers each query with the samples of the first metric name it mentions."""
+
+    def __init__(self, answers):
+        super().__init__("http://127.0.0.1:1")
+        self.answers, self.asked = answers, []
+
+    async def _query(self, session, query):
+        self.asked.append(query)
+        for metric, samples in self.answers.items():
+            if metric + "{" in query:
+                return {
+                    "resultType": "vector",
+                    "result": [{"metric": m, "value": [0, str(v)]} for m, v in samples],
+                }
+        return {"resultType": "vector", "result": []}
+
+
+def measure(prometheus, kind=AnalysisMetricKind.ERROR_RATIO, shadow=True):
+    metric = AnalysisMetric(name="errors", kind=kind)
+    return asyncio.run(prometheus._measure(None, metric, SCOPE, "rev-a", "rev-b", shadow))
+
+
+def test_a_shadow_step_compares_the_pairs_the_router_reports():
+    prometheus = CannedPrometheus(
+        {
+            "tokenyard_router_shadow_pairs_total": [
+                ({"outcome": "both_ok"}, 480),
+                ({"outcome": "shadow_only_error"}, 12),
+                ({"outcome": "primary_only_error"}, 3),
+                ({"outcome": "both_error"}, 5),
+            ],
+            "tokenyard_router_shadow_output_match_total": [({"match": "true"}, 300), ({"match": "false"}, 6)],
+        }
+    )
+    measured = measure(prometheus)
+    assert measured.paired == PairedCounts(500, 12, 3, both_succeeded=306, outputs_differ=6)
+    assert all('revision="rev-b"' in q for q in prometheus.asked)
+
+
+def test_a_shadow_step_falls_back_to_unpaired_counts_with_an_older_router():
+    prometheus = CannedPrometheus(
+        {
+            "tokenyard_router_requests_total": [({"revision": "rev-a"}, 1000)],
+            "tokenyard_router_errors_total": [({"revision": "rev-a"}, 10)],
+            "tokenyard_router_shadow_requests_total": [({"revision": "rev-b"}, 200)],
+        }
+    )
+    measured = measure(prometheus)
+    assert measured.paired is None
+    assert (measured.canary.requests, measured.stable.requests, measured.stable.events) == (200, 1000, 10)
+
+
+def test_a_promql_metric_runs_its_two_queries_per_revision():
+    class PerRevision(PrometheusAnalysis):
+        def __init__(self):
+            super().__init__("http://127.0.0.1:1")
+            self.asked = []
+
+        async def _query(self, session, query):
+            self.asked.append(query)
+            requests = {"rev-a": 1000, "rev-b": 250}["rev-a" if '"rev-a"' in query else "rev-b"]
+            value = requests if "my_requests" in query else requests // 50
+            # two series (e.g. two routers): their sum is the revision's count
+            return {"resultType": "vector", "result": [{"metric": {}, "value": [0, str(value / 2)]}] * 2}
+
+    prometheus = PerRevision()
+    metric = AnalysisMetric(
+        name="custom",
+        kind=AnalysisMetricKind.PROMQL,
+        bad_query='sum(increase(my_errors{rev="$revision",ns="$namespace"}[$window]))',
+        total_query='sum(increase(my_requests{rev="$revision"}[$window]))',
+    )
+    measured = asyncio.run(prometheus._measure(None, metric, SCOPE, "rev-a", "rev-b", False))
+    assert (measured.canary.requests, measured.canary.events) == (250, 5)
+    assert (measured.stable.requests, measured.stable.events) == (1000, 20)
+    assert 'sum(increase(my_errors{rev="rev-b",ns="team-a"}[300s]))' in prometheus.asked
