@@ -24,11 +24,10 @@ down at most by half per decision and decides every 2 s (Knative autoscaling doc
 All policies see the same cold start, the same bounds, and metrics every 5 s (Knative: every 1 s, as its
 queue-proxy reports).
 
-tokenyard runs its policy (``tokenyard.autoscaler.policy``) on four signals: served token load (prompt tokens
-plus generated tokens weighted by their cost, a PromQL signal over vLLM's token counters), queued prompt tokens,
-KV-cache usage (target 0.9, a guard) and TTFT p95 against the SLO; it knows the cold start. Its two knobs, swept
-the same way, are the token-load target (a fraction of a group's capacity, the same grid as HPA's fractions) and
-the queued-token target (0.5 or 2 seconds of prefill per group).
+tokenyard runs its policy (``tokenyard.autoscaler.policy``) on three signals: token load (tokens waiting plus
+tokens running: queued prompt tokens and KV-occupied tokens, the ``TokenLoad`` kind), KV-cache usage (target 0.9,
+a guard) and TTFT p95 against the SLO; it knows the cold start. Its one knob, swept the same way, is the
+token-load target per group, as a fraction of a group's KV capacity (six points, as HPA's and Knative's grids).
 
 Run: ``make bench-autoscaler`` (or ``BENCH_QUICK=1`` for a 2-hour trace and smaller grids).
 """
@@ -71,9 +70,7 @@ TUNE_SLO_FLOOR = 0.99
 GPUS_PER_GROUP = 1
 DEPLOYMENT = Deployment(model_preset("llama-3.1-8b"), gpu_preset("l40s"), tp=GPUS_PER_GROUP)
 PREFILL_S_PER_TOKEN = DEPLOYMENT.prefill_step_seconds(2048) / 2048
-# A generated token costs this many prompt tokens' worth of group time (a decode step at a typical batch
-# of 128, shared by the batch). An operator reads it off a load test; here it comes from the model.
-GENERATED_TOKEN_WEIGHT = DEPLOYMENT.decode_step_seconds(128, 1500) / 128 / PREFILL_S_PER_TOKEN
+KV_CAPACITY_TOKENS = DEPLOYMENT.kv_capacity_tokens * 0.95  # vLLM keeps a few blocks free
 
 
 @dataclass(frozen=True)
@@ -176,12 +173,9 @@ class Fleet:
     def __init__(self, initial_groups: int) -> None:
         self.groups = [Group(ready_at=-1.0) for _ in range(initial_groups)]
         self.queue: deque[Queued] = deque()
-        self.kv_capacity = DEPLOYMENT.kv_capacity_tokens * 0.95  # vLLM keeps a few blocks free
+        self.kv_capacity = KV_CAPACITY_TOKENS
         self.ttft_recent: deque[tuple[float, float, float]] = deque()  # (t, ttft, count)
         self.arrivals_recent: deque[tuple[float, float]] = deque()
-        # Tokens served, generated tokens weighted by their cost relative to a prompt token
-        # (what rate(vllm:prompt_tokens_total) + w x rate(vllm:generation_tokens_total) reads).
-        self.served_recent: deque[tuple[float, float]] = deque()
 
     def active(self) -> list[Group]:
         return [g for g in self.groups if not g.draining]
@@ -213,8 +207,7 @@ class Fleet:
         self._admit(now, stats)
         for g in list(self.groups):
             if g.ready_at <= now:
-                generated = self._run(g)
-                self.served_recent.append((now, generated * GENERATED_TOKEN_WEIGHT))
+                self._run(g)
             if g.draining and g.seqs() < 1e-3:
                 self.groups.remove(g)
         stats.gpu_seconds += len(self.groups) * GPUS_PER_GROUP * DT
@@ -237,7 +230,6 @@ class Fleet:
             # (a fluid stand-in for least-outstanding-work routing).
             prefill_s = head.cls.prompt_tokens * PREFILL_S_PER_TOKEN
             debt_before = sum(g.prefill_debt_s * room for g, room in rooms) / total_room
-            self.served_recent.append((now, take * head.cls.prompt_tokens))
             for g, room in rooms:
                 share = take * room / total_room
                 g.running[head.cls] += share
@@ -252,25 +244,22 @@ class Fleet:
             if head.count < 1e-6:
                 self.queue.popleft()
 
-    def _run(self, g: Group) -> float:
-        """One tick of a group: prefill first, then decode steps. Returns the tokens generated."""
+    def _run(self, g: Group) -> None:
+        """One tick of a group: prefill first, then decode steps."""
         budget = DT
         spent = min(g.prefill_debt_s, budget)
         g.prefill_debt_s -= spent
         budget -= spent
         batch = g.seqs()
         if batch < 1e-6 or budget <= 0:
-            return 0.0
+            return
         pairs = sum(n * (c.prompt_tokens + c.output_tokens / 2) for c, n in g.running.items())
         step = DEPLOYMENT.step_seconds(
             StepShape(max(1, round(batch)), max(1, round(batch)), int(pairs), int(pairs))
         )
         steps = budget / step
-        generated = 0.0
         for c, n in g.running.items():
             g.running[c] = n * max(0.0, 1.0 - steps / c.output_tokens)
-            generated += min(n * steps, n * c.output_tokens)
-        return generated
 
     # --- what Prometheus (or Knative's queue-proxy) would report ----------------------------------------
     def metrics(self, now: float) -> dict[str, float | None]:
@@ -279,20 +268,18 @@ class Fleet:
             self.ttft_recent.popleft()
         while self.arrivals_recent and now - self.arrivals_recent[0][0] > 60:
             self.arrivals_recent.popleft()
-        while self.served_recent and now - self.served_recent[0][0] > 60:
-            self.served_recent.popleft()
         waiting = sum(q.count for q in self.queue)
         queued_tokens = sum(q.count * q.cls.prompt_tokens for q in self.queue)
         kv = sum(g.kv_tokens() for g in ready) / (self.kv_capacity * len(ready)) if ready else None
         running = sum(g.seqs() for g in ready)
         return {
             "waiting": waiting,
-            "queued_tokens": queued_tokens,
             "kv": kv,
             "ttft_p95": _p95(self.ttft_recent),
             "rps": sum(c for _, c in self.arrivals_recent) / 60.0,
-            "token_load": sum(c for _, c in self.served_recent) / 60.0,
             "concurrency": waiting + running,
+            # Tokens waiting plus tokens running (KV-occupied) on the ready groups: TokenLoad's reading.
+            "tokens_in_system": queued_tokens + sum(g.kv_tokens() for g in ready),
         }
 
 
@@ -325,19 +312,15 @@ class Autoscaler:
 class TokenyardPolicy(Autoscaler):
     name = "tokenyard"
 
-    def __init__(
-        self,
-        token_load_target: float,
-        queued_tokens_target: float,
-        kv_target: float = 0.9,
-        **policy_overrides,
-    ) -> None:
-        self.knob = f"load={token_load_target:.0f} queue={queued_tokens_target:.0f}"
+    # The fleet's metric behind each signal (what the default PromQL reads from vLLM's metrics).
+    READS = {"token_load": "tokens_in_system", "kv": "kv", "ttft_p95": "ttft_p95"}
+
+    def __init__(self, token_load_fraction: float, kv_target: float = 0.9, **policy_overrides) -> None:
+        self.knob = f"token load target={token_load_fraction:g} x KV"
         signals = (
-            # Served tokens per second, generated ones weighted by cost: demand in the unit that costs GPU time
-            # (a PromQL signal over vLLM's prompt and generation token counters).
-            SignalSpec("token_load", SignalKind.PROMQL, token_load_target),
-            SignalSpec("queued_tokens", SignalKind.QUEUED_TOKENS, queued_tokens_target),
+            # Tokens waiting plus running per group, against a share of a group's KV capacity: demand in the
+            # unit that fills a group, which keeps counting (in the queue) when capacity runs short.
+            SignalSpec("token_load", SignalKind.TOKEN_LOAD, token_load_fraction * KV_CAPACITY_TOKENS),
             # KV occupancy as a guard: the cache must not fill (preemption and recomputation follow).
             SignalSpec("kv", SignalKind.KV_CACHE_USAGE, kv_target),
             SignalSpec("ttft_p95", SignalKind.TTFT_P95, TTFT_SLO_S),
@@ -361,10 +344,8 @@ class TokenyardPolicy(Autoscaler):
         self.window = SampleWindow(self.policy.config.history_seconds)
 
     def observe(self, now, metrics):
-        self.window.add("token_load", now, metrics["token_load"])
-        self.window.add("queued_tokens", now, metrics["queued_tokens"])
-        self.window.add("kv", now, metrics["kv"])
-        self.window.add("ttft_p95", now, metrics["ttft_p95"])
+        for signal, metric in self.READS.items():
+            self.window.add(signal, now, metrics[metric])
 
     def decide(self, now, current, ready, pending):
         return self.policy.decide(Observation(now, current, ready, pending, self.window.snapshot())).desired
@@ -502,19 +483,18 @@ def per_group_rps() -> float:
 def candidates() -> dict[str, list]:
     """Each policy's knob grid, in each metric's natural unit, spanning under- to over-provisioning."""
     fractions = (0.5, 0.7, 0.9) if QUICK else (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-    prefill_tokens_per_s = 1.0 / PREFILL_S_PER_TOKEN
     # Busy sequences per group at full use (Little's law over the mix), Knative's concurrency unit.
     seqs_at_capacity = per_group_rps() * sum(
         w * c.output_tokens * DEPLOYMENT.decode_step_seconds(128, c.prompt_tokens + c.output_tokens // 2)
         for c, w in ((CHAT, 0.5), (RAG, 0.25), (CODE, 0.25))
     )
     return {
+        # Token load per group as a share of a group's KV capacity. The TTFT SLO, not the cache, binds first
+        # (a group whose cache is a fifth full already queues prefills), so the grid sits lower than the
+        # fractions of compute capacity above.
         "tokenyard": [
-            # The queued-token target is "seconds of prefill backlog per group".
-            # The load target is a fraction of a group's capacity in prompt-token-equivalents per second.
-            (lambda f=f, h=h: TokenyardPolicy(prefill_tokens_per_s * f, prefill_tokens_per_s * h))
-            for f in fractions
-            for h in (0.5, 2)
+            (lambda f=f: TokenyardPolicy(f))
+            for f in ((0.15, 0.2, 0.3) if QUICK else (0.1, 0.15, 0.2, 0.25, 0.3, 0.4))
         ],
         "hpa_rps": [
             (lambda f=f: HpaPolicy("hpa_rps", "rps", per_group_rps() * f, per_ready_group=False))

@@ -34,11 +34,16 @@ def stack(devcluster, tmp_path_factory):
     autoscaler = ManagedProcess(
         [
             "tokenyard.autoscaler",
-            "--prometheus-url", url,
-            "--kubeconfig", str(devcluster.kubeconfig),
-            "--interval", "1",
-            "--metrics-host", "127.0.0.1",
-            "--metrics-port", "0",
+            "--prometheus-url",
+            url,
+            "--kubeconfig",
+            str(devcluster.kubeconfig),
+            "--interval",
+            "1",
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            "0",
         ],
         folder / "autoscaler.log",
     ).start()
@@ -51,9 +56,13 @@ def load(ip: str, model: str, stop: threading.Event, concurrency: int) -> list[t
     """Long fixed-length requests, `concurrency` at a time, until `stop` is set."""
 
     def worker():
-        body = json.dumps({"model": model, "prompt": "tell me a long story " * 50, "max_tokens": 400, "ignore_eos": True})
+        body = json.dumps(
+            {"model": model, "prompt": "tell me a long story " * 50, "max_tokens": 400, "ignore_eos": True}
+        )
         while not stop.is_set():
-            request = urllib.request.Request(f"http://{ip}:8000/v1/completions", body.encode(), {"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                f"http://{ip}:8000/v1/completions", body.encode(), {"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(request, timeout=120) as response:
                     response.read()
@@ -93,6 +102,7 @@ def test_queue_scales_groups_up_then_down_and_missing_data_holds(stack, kube_api
             "maxReplicas": 3,
             "intervalSeconds": 1,
             "stableWindowSeconds": 3,
+            "panicWindowSeconds": 2,
             "signals": [{"kind": "WaitingRequests", "target": 2}],
             "scaleUp": {"maxGroups": 2, "periodSeconds": 1},
             "scaleDown": {"maxGroups": 2, "periodSeconds": 1, "stabilizationWindowSeconds": 5},
@@ -100,34 +110,55 @@ def test_queue_scales_groups_up_then_down_and_missing_data_holds(stack, kube_api
         },
     }
     custom.create_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, "modeldeployments", mdep)
-    get = lambda: custom.get_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, "modeldeployments", "busy")  # noqa: E731
+
+    def get():
+        return custom.get_namespaced_custom_object(
+            labels.GROUP, labels.VERSION, namespace, "modeldeployments", "busy"
+        )
 
     def leader_ip():
-        pods = core.list_namespaced_pod(namespace, label_selector=f"{labels.MODEL_DEPLOYMENT}=busy,{labels.ROLE}=leader").items
+        pods = core.list_namespaced_pod(
+            namespace, label_selector=f"{labels.MODEL_DEPLOYMENT}=busy,{labels.ROLE}=leader"
+        ).items
         ready = [p for p in pods if p.status.pod_ip and get().get("status", {}).get("readyReplicas") == 1]
         return ready[0].status.pod_ip if ready else None
 
     ip = wait_for(leader_ip, timeout=60, what="the first group")
-    wait_for(lambda: prometheus_query(stack["url"], f'vllm:num_requests_waiting{{namespace="{namespace}"}}'), timeout=30,
-             what="Prometheus to discover and scrape the engine")
-    custom.create_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, "inferenceautoscalers", autoscaler)
+    wait_for(
+        lambda: prometheus_query(stack["url"], f'vllm:num_requests_waiting{{namespace="{namespace}"}}'),
+        timeout=30,
+        what="Prometheus to discover and scrape the engine",
+    )
+    custom.create_namespaced_custom_object(
+        labels.GROUP, labels.VERSION, namespace, "inferenceautoscalers", autoscaler
+    )
 
     stop = threading.Event()
     threads = load(ip, "busy", stop, concurrency=10)
     try:
-        scaled = wait_for(lambda: get()["spec"]["replicas"] >= 2 and get(), timeout=90, what="a scale-up from the queue")
+        scaled = wait_for(
+            lambda: get()["spec"]["replicas"] >= 2 and get(), timeout=90, what="a scale-up from the queue"
+        )
         assert scaled["spec"]["replicas"] <= 3
-        status = custom.get_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, "inferenceautoscalers", "busy")["status"]
+        status = custom.get_namespaced_custom_object(
+            labels.GROUP, labels.VERSION, namespace, "inferenceautoscalers", "busy"
+        )["status"]
         assert status["lastDecision"]["direction"].lower() == "up"
     finally:
         stop.set()
         for thread in threads:
             thread.join(timeout=150)
-    wait_for(lambda: get()["spec"]["replicas"] == 1, timeout=120, what="the scale-down once the queue is gone")
+    wait_for(
+        lambda: get()["spec"]["replicas"] == 1, timeout=120, what="the scale-down once the queue is gone"
+    )
 
     # Prometheus gone: no data is never read as zero; the count holds and a condition says why.
     stack["prometheus"].stop()
-    read = lambda: custom.get_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, "inferenceautoscalers", "busy")["status"]  # noqa: E731
+
+    def read():
+        return custom.get_namespaced_custom_object(
+            labels.GROUP, labels.VERSION, namespace, "inferenceautoscalers", "busy"
+        )["status"]
 
     def says_no_data():
         active = {c["type"]: c for c in read().get("conditions", [])}.get("ScalingActive", {})
@@ -135,9 +166,14 @@ def test_queue_scales_groups_up_then_down_and_missing_data_holds(stack, kube_api
 
     wait_for(says_no_data, timeout=60, what="ScalingActive=False once Prometheus is gone")
     # A person scales by hand while the data is missing: the autoscaler sees it and leaves it alone.
-    custom.patch_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, "modeldeployments", "busy", {"spec": {"replicas": 2}})
+    custom.patch_namespaced_custom_object(
+        labels.GROUP, labels.VERSION, namespace, "modeldeployments", "busy", {"spec": {"replicas": 2}}
+    )
     before = read().get("lastDecision", {}).get("time")
-    wait_for(lambda: read().get("currentReplicas") == 2 and read().get("lastDecision", {}).get("time") != before,
-             timeout=60, what="the autoscaler to decide again after the manual scale")
+    wait_for(
+        lambda: read().get("currentReplicas") == 2 and read().get("lastDecision", {}).get("time") != before,
+        timeout=60,
+        what="the autoscaler to decide again after the manual scale",
+    )
     assert get()["spec"]["replicas"] == 2, "the autoscaler scaled without data"
     assert read()["lastDecision"]["direction"].lower() == "hold"

@@ -82,7 +82,22 @@ def signal_names(spec: InferenceAutoscalerSpec) -> list[str]:
 
 
 def policy_config_from_spec(spec: InferenceAutoscalerSpec) -> PolicyConfig:
-    """The CRD's spec as the policy's configuration."""
+    """The CRD's spec as the policy's configuration.
+
+    The CRD's CEL rules reject the windows below at admission; they are checked here too, for objects stored
+    before those rules existed, so that such an object is reported as InvalidSpec instead of scaled on a panic
+    window that cannot hold a second sample.
+    """
+    if spec.panic_window_seconds < spec.interval_seconds:
+        raise ValueError(
+            f"spec.panicWindowSeconds ({spec.panic_window_seconds}) must be at least spec.intervalSeconds "
+            f"({spec.interval_seconds}): each decision takes one sample, so a shorter panic window holds at most one"
+        )
+    if spec.panic_window_seconds > spec.stable_window_seconds:
+        raise ValueError(
+            f"spec.panicWindowSeconds ({spec.panic_window_seconds}) must not exceed spec.stableWindowSeconds "
+            f"({spec.stable_window_seconds})"
+        )
     return PolicyConfig(
         signals=tuple(
             SignalSpec(name, SignalKind(s.kind.value), s.target)
@@ -91,7 +106,7 @@ def policy_config_from_spec(spec: InferenceAutoscalerSpec) -> PolicyConfig:
         min_groups=spec.min_replicas,
         max_groups=spec.max_replicas,
         stable_window_seconds=spec.stable_window_seconds,
-        panic_window_seconds=min(spec.panic_window_seconds, spec.stable_window_seconds),
+        panic_window_seconds=spec.panic_window_seconds,
         panic_threshold=spec.panic_threshold,
         tolerance=spec.tolerance,
         scale_up_limit=RateLimit(spec.scale_up.max_groups, 0.0, spec.scale_up.period_seconds),
@@ -595,6 +610,7 @@ class AutoscalerController:
             "desiredReplicas": desired,
             "signals": [
                 {
+                    "name": n,
                     "kind": s.kind.value,
                     "target": s.target,
                     **({"value": readings[n].value, "sampled": stamp} if readings[n].ok else {}),

@@ -15,6 +15,14 @@ window for ordinary decisions and a short *panic* window that catches sudden
 bursts. Entering panic (the panic window asks for at least ``panic_threshold``
 times the ready groups) scales up at once and forbids scale-down until the stable
 window has passed without panic.
+
+Cold start: a group serves ``cold_start_seconds`` after it is asked for. Rates and
+utilisation are projected that far ahead along their recent slope when they clearly
+rise, and the count is scaled for the projection. Backlogs (queued tokens, waiting
+requests, token load) are not: they rise *because* capacity is short, so they are
+read at once (the higher of the two windows) and sized for as they are, and while
+ordered groups load they may at most double the ready groups -- pending groups are
+capacity on its way.
 """
 
 from __future__ import annotations
@@ -35,6 +43,11 @@ class SignalKind(StrEnum):
     # the proposal is ceil(total / target).
     QUEUED_TOKENS = "QueuedTokens"
     WAITING_REQUESTS = "WaitingRequests"
+    # Tokens waiting plus tokens running (queued prompt tokens + KV-occupied tokens): the work in the
+    # system in the unit that fills a group, the KV cache. Unlike a served-token rate it does not
+    # saturate when capacity runs short (the excess waits and is counted), and unlike a rate over a
+    # minute it moves at the first sample of a burst.
+    TOKEN_LOAD = "TokenLoad"
     # A user's PromQL is read the same way: a total whose target is per group.
     PROMQL = "PromQL"
     # A mean over the ready groups (HPA "Utilization"): ceil(ready x value / target).
@@ -48,11 +61,17 @@ class SignalKind(StrEnum):
 
     @property
     def is_total(self) -> bool:
-        return self in (SignalKind.QUEUED_TOKENS, SignalKind.WAITING_REQUESTS, SignalKind.PROMQL)
+        return self in (
+            SignalKind.QUEUED_TOKENS,
+            SignalKind.WAITING_REQUESTS,
+            SignalKind.TOKEN_LOAD,
+            SignalKind.PROMQL,
+        )
 
     @property
     def is_backlog(self) -> bool:
-        return self in (SignalKind.QUEUED_TOKENS, SignalKind.WAITING_REQUESTS)
+        """The signal counts work waiting for capacity, so it keeps growing while capacity is short."""
+        return self in (SignalKind.QUEUED_TOKENS, SignalKind.WAITING_REQUESTS, SignalKind.TOKEN_LOAD)
 
     @property
     def upward_only(self) -> bool:
@@ -420,10 +439,11 @@ class Policy:
         if not spec.kind.upward_only and panic_load >= cfg.panic_threshold * max(obs.ready, 1):
             panic_proposal = self._proposal(spec, panic_load, obs, apply_tolerance=False)
 
-        if spec.kind.is_backlog:
+        if spec.kind.is_backlog and obs.pending > 0:
             # A backlog keeps growing until the groups ordered for it serve, so it would order again and
-            # again during one cold start. It may at most double the ready groups: pending groups count as
-            # capacity on its way, and the next doubling waits until they serve.
+            # again during one cold start. Pending groups count as capacity on its way: while they load, a
+            # backlog may at most double the ready groups, and the next doubling waits until they serve.
+            # With none pending nothing is on its way, and only the scale-up rate limit bounds the order.
             cap = max(BACKLOG_MAX_FACTOR * max(obs.ready, 1), obs.current)
             proposal = None if proposal is None else min(proposal, cap)
             panic_proposal = None if panic_proposal is None else min(panic_proposal, cap)
@@ -433,7 +453,10 @@ class Policy:
         trend = [s for s in load if obs.now - trend_window < s.t]
         # A trend needs enough samples over enough time: with a handful, the t-test's tails are fat
         # and a steady load "rises" by chance.
-        if lead > 0 and len(trend) >= MIN_TREND_SAMPLES and trend[-1].t - trend[0].t >= trend_window / 2:
+        # A backlog's rise is not demand to extrapolate: it is the shortfall the pending groups will absorb,
+        # and it rises steeply exactly while they load, so a line through it orders the whole cluster.
+        long_enough = len(trend) >= MIN_TREND_SAMPLES and trend[-1].t - trend[0].t >= trend_window / 2
+        if lead > 0 and not spec.kind.is_backlog and long_enough:
             # Scale for the load expected when a group asked for now would be serving.
             projected, t_stat = _trend(trend, obs.now + lead)
             # Only a rise that is clearly not noise (t > 4; checked every few seconds, a looser

@@ -25,11 +25,23 @@ DEFAULT_SELECTOR = 'namespace="$namespace",model_deployment="$target"'
 # vLLM has no gauge of queued prompt tokens, so the default estimates it as the waiting requests times
 # the mean prompt length over the last 5 minutes; with no recent requests the mean is taken as 0
 # (clamp_min), so an idle target reads 0, while a target with no series at all reads "no data".
+_MEAN_PROMPT = (
+    "(sum(rate(vllm:request_prompt_tokens_sum{$selector}[5m]))"
+    " / clamp_min(sum(rate(vllm:request_prompt_tokens_count{$selector}[5m])), 1))"
+)
+_MEAN_OUTPUT = (
+    "(sum(rate(vllm:request_generation_tokens_sum{$selector}[5m]))"
+    " / clamp_min(sum(rate(vllm:request_generation_tokens_count{$selector}[5m])), 1))"
+)
+_QUEUED_TOKENS = f"sum(vllm:num_requests_waiting{{$selector}}) * {_MEAN_PROMPT}"
 _QUERIES: dict[SignalKind, str] = {
-    SignalKind.QUEUED_TOKENS: (
-        "sum(vllm:num_requests_waiting{$selector})"
-        " * (sum(rate(vllm:request_prompt_tokens_sum{$selector}[5m]))"
-        " / clamp_min(sum(rate(vllm:request_prompt_tokens_count{$selector}[5m])), 1))"
+    SignalKind.QUEUED_TOKENS: _QUEUED_TOKENS,
+    # Queued prompt tokens plus the tokens running sequences hold in the KV cache: a running sequence holds
+    # its prompt and, on average, half its output. (vLLM exports the cache's size only as label strings of
+    # vllm:cache_config_info, which PromQL cannot multiply, so the KV share is estimated the same way.)
+    SignalKind.TOKEN_LOAD: (
+        f"{_QUEUED_TOKENS}"
+        f" + sum(vllm:num_requests_running{{$selector}}) * ({_MEAN_PROMPT} + {_MEAN_OUTPUT} / 2)"
     ),
     SignalKind.WAITING_REQUESTS: "sum(vllm:num_requests_waiting{$selector})",
     SignalKind.KV_CACHE_USAGE: "avg(vllm:kv_cache_usage_perc{$selector})",

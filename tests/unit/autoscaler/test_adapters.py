@@ -4,9 +4,13 @@ controller's pass against in-memory fakes of the Kubernetes API and Prometheus."
 import asyncio
 import copy
 import math
+import re
+import shutil
+import subprocess
 from datetime import UTC, datetime
 
 import pytest
+import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.rest import ApiException
 from prometheus_client import generate_latest
@@ -30,6 +34,31 @@ def test_default_queries_select_the_target_and_use_vllm_names():
     ttft = signal_query(SignalKind.TTFT_P95, "team-a", "llama")
     assert "histogram_quantile(0.95" in ttft and "vllm:time_to_first_token_seconds_bucket" in ttft
     assert "$" not in signal_query(SignalKind.QUEUED_TOKENS, "team-a", "llama")
+
+
+def test_token_load_query_adds_the_tokens_running_sequences_hold_to_the_queued_ones():
+    queued = signal_query(SignalKind.QUEUED_TOKENS, "team-a", "llama")
+    load = signal_query(SignalKind.TOKEN_LOAD, "team-a", "llama")
+    assert load.startswith(queued + " + ") and "$" not in load
+    running = load.removeprefix(queued + " + ")
+    assert running.startswith(
+        'sum(vllm:num_requests_running{namespace="team-a",model_deployment="llama"}) * ('
+    )
+    assert "vllm:request_generation_tokens_sum" in running and "/ 2" in running
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="no promtool on PATH (Debian package prometheus)"
+)
+def test_every_default_query_parses(tmp_path):
+    kinds = [k for k in SignalKind if k is not SignalKind.PROMQL]
+    rules = [{"record": f"signal:{k.value.lower()}", "expr": signal_query(k, "ns", "t")} for k in kinds]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "signals", "rules": rules}]}))
+    result = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_an_override_query_is_substituted_and_a_bad_placeholder_is_named():
@@ -97,6 +126,19 @@ def test_spec_maps_onto_the_policy_configuration():
         ("QueuedTokens", SignalKind.QUEUED_TOKENS, 2000),
     ]
     assert (cfg.min_groups, cfg.max_groups, cfg.scale_down_limit.groups) == (1, 8, 1)
+
+
+@pytest.mark.parametrize(
+    "windows, words",
+    [
+        ({"intervalSeconds": 15, "panicWindowSeconds": 6}, "spec.panicWindowSeconds (6) must be at least"),
+        ({"stableWindowSeconds": 30, "panicWindowSeconds": 40}, "must not exceed spec.stableWindowSeconds"),
+    ],
+)
+def test_windows_the_crd_rejects_are_invalid_for_the_policy_too(windows, words):
+    # Objects stored before the CRD's CEL rules existed reach the controller: it must name the field.
+    with pytest.raises(ValueError, match=re.escape(words)):
+        policy_config_from_spec(InferenceAutoscalerSpec.parse({**SPEC, **windows}))
 
 
 def test_target_counts_read_ready_groups_and_a_full_cluster():
@@ -221,6 +263,21 @@ async def test_auto_mode_scales_up_writes_status_and_an_event():
     assert any(reason == "SuccessfulRescale" for reason, _, _ in c.core.events)
     text = generate_latest(c.metrics.registry).decode()
     assert 'tokenyard_autoscaler_scale_actions_total{autoscaler="a",direction="Up",namespace="ns"}' in text
+
+
+async def test_status_names_each_signal_with_its_last_value():
+    clock = [1000.0]
+    c = make_controller(
+        [autoscaler("a", "llama")],
+        {"llama": {"replicas": 2, "ready": 2}},
+        {"KVCacheUsage": 0.42, "QueuedTokens": None},
+        lambda: clock[0],
+    )
+    await passes(c, clock, 2)
+    signals = {s["name"]: s for s in c.custom.status_writes[-1][1]["signals"]}
+    assert signals.keys() == {"KVCacheUsage", "QueuedTokens"}
+    assert (signals["KVCacheUsage"]["value"], signals["KVCacheUsage"]["target"]) == (0.42, 0.7)
+    assert "value" not in signals["QueuedTokens"]  # no data: no value, never a zero
 
 
 async def test_recommend_only_never_writes_the_scale():

@@ -84,18 +84,21 @@ def test_scale_down_waits_for_the_stabilisation_window_then_one_group_per_minute
 
 
 def test_pending_groups_count_as_coming_capacity():
-    policy = Policy(config(scale_up_consecutive=1))
-    # 2 ready groups saturated, queue of 12k tokens: 6 groups asked for, a backlog may double the ready ones.
-    samples = {"kv": flat(0.95, 1000), "queue": flat(12000.0, 1000)}
+    policy = Policy(config(scale_up_consecutive=1, max_groups=20))
+    # 2 ready groups saturated, queue of 20k tokens: 10 groups asked for. Nothing is on its way, so only the
+    # scale-up rate limit (4 groups per 15 s) bounds the first order.
+    samples = {"kv": flat(0.95, 1000), "queue": flat(20000.0, 1000)}
     first = policy.decide(observe(1000, 2, samples))
-    assert first.desired == 4
-    # The same load while the 2 new groups load: they are capacity on its way, nothing more is asked.
+    assert (first.desired, first.limited_by) == (6, "ScaleUpLimit")
+    # The same (even a growing) backlog while the 4 new groups load: they are capacity on its way, and a
+    # backlog may at most double the ready groups meanwhile, so nothing more is asked.
     for now in range(1005, 1200, 5):
-        again = policy.decide(observe(now, 4, {"kv": flat(0.95, now), "queue": flat(12000.0, now)}, ready=2))
+        queue = flat(20000.0 + 100 * (now - 1000), now)
+        again = policy.decide(observe(now, 6, {"kv": flat(0.95, now), "queue": queue}, ready=2, pending=4))
         assert again.direction is Direction.HOLD, again.reason
     # Once they serve, a backlog that is still there asks for the rest.
-    served = policy.decide(observe(1200, 4, {"kv": flat(0.95, 1200), "queue": flat(12000.0, 1200)}))
-    assert served.desired == 6
+    served = policy.decide(observe(1200, 6, {"kv": flat(0.95, 1200), "queue": flat(20000.0, 1200)}))
+    assert served.desired == 10
 
 
 def test_insufficient_capacity_stops_raising_the_count():
@@ -131,6 +134,23 @@ def test_rising_load_is_met_ahead_of_need_with_a_cold_start_lead():
         return math.inf
 
     assert first_up(180) < first_up(0) - 100
+
+
+@pytest.mark.parametrize("kind", [SignalKind.QUEUED_TOKENS, SignalKind.TOKEN_LOAD])
+def test_a_rising_backlog_is_not_extrapolated_over_the_cold_start(kind):
+    # A backlog rises while capacity is short -- exactly while ordered groups load -- so a line through it
+    # would order ahead for a shortfall those groups absorb; the lead time applies to rates and utilisation.
+    def first_up(cold_start: float) -> float:
+        signal = SignalSpec("load", kind, 2000.0)
+        policy = Policy(config(signals=(signal,), cold_start_seconds=cold_start, scale_up_consecutive=1))
+        for now in range(0, 3600, 5):
+            # 4 groups' worth at the start, 8 groups' worth after an hour
+            samples = [Sample(t, 8000.0 + 8000.0 * t / 3600) for t in range(max(0, now - 180), now + 1, 5)]
+            if policy.decide(observe(now, 4, {"load": samples})).direction is Direction.UP:
+                return now
+        return math.inf
+
+    assert first_up(180) == first_up(0) < math.inf
 
 
 @pytest.mark.parametrize(
