@@ -4,7 +4,7 @@ policy, on the same simulated fleet and the same arrivals, in one run.
 Fleet: ENGINES tokenyard.sim engines (Llama-3.1-8B on H100-SXM, time-scaled), all in one helper process (the sim
 runs many engines on one event loop). Their KV cache is limited with --num-gpu-blocks-override so that one
 engine holds only part of the tenants' system prompts while the fleet holds all of them: the regime where
-where a request goes decides whether its prefix is cached (with the preset's full 28k blocks every engine would
+a request goes decides whether its prefix is cached (with the preset's full 28k blocks every engine would
 hold every prompt of this small benchmark and locality would not matter).
 
 Policies:
@@ -13,16 +13,31 @@ Policies:
   hop, exact in-flight counts): the ideal, zero-overhead form of those balancers;
 - sglang_cache_aware: `python -m sglang_router.launch_router --policy cache_aware` (a separate process).
 
-Workloads (Poisson arrivals, rates relative to a capacity measured at the start on one engine x ENGINES):
+Workloads (rates relative to a capacity measured at the start on one engine x ENGINES):
 - shared_prefix_70 / _95: TENANTS tenants with Zipf popularity, each with a long system prompt, short unique
   suffixes; at 70% and 95% of capacity;
 - no_sharing: unique prompts at 70%;
 - multi_turn: chat conversations whose every turn extends the previous one (history + reply + new question).
 
-Figures: client-side TTFT p50/p99, output tokens/s, prefix-cache hit rate from the engines' own counters
-(vllm:prefix_cache_hits/queries), imbalance = max/mean of requests served per engine; then the router's
-overhead (added latency p50/p99 against calling an engine directly, and the requests/s one router process
-sustains with a closed loop of small requests). Prints a table and, last, one JSON line.
+Each workload runs in ROUNDS rounds; in each round every policy gets a fresh router, empty engine caches and the
+same arrivals, in an order rotated round by round (the machine is shared: a burst of load from another process
+then falls on all policies alike instead of deciding one policy's tail).
+
+Figures, per workload and policy:
+- ttft_p50_s / ttft_p99_s: client-side time to first token in the open-loop phase (Poisson arrivals at the
+  workload's rate, RUN_SECONDS in all per policy);
+- output_tok_s: output tokens per second delivered in the closed-loop phase: after the last round's open loop,
+  level x CLOSED_CLIENTS_PER_ENGINE x ENGINES clients (level = 0.70 or 0.95, the workload's share of
+  capacity), each sending its next request as soon as its last one ended; after CLOSED_WARMUP_SECONDS, only
+  requests that ended inside a window of CLOSED_SECONDS count. Open-loop throughput would only restate the
+  offered load (every policy delivers it); with demand held at a fixed concurrency that saturates the fleet, a
+  policy that saves prefill work (cache hits) or keeps every engine busy (balance) delivers more tokens, and
+  one that piles requests up delivers fewer;
+- prefix_hit_rate: from the engines' own counters (vllm:prefix_cache_hits/queries) over the open-loop phase
+  (closed_prefix_hit_rate: the same over the closed loop);
+- imbalance: max/mean of requests served per engine over the open-loop phase.
+Then the router's overhead (added latency p50/p99 against calling an engine directly, and the requests/s one
+router process sustains with a closed loop of small requests). Prints a table and, last, one JSON line.
 
 BENCH_QUICK=1: shorter runs (same comparison).
 """
@@ -42,7 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 from tokenyard.core.process import stop_process
@@ -52,7 +67,12 @@ QUICK = os.environ.get("BENCH_QUICK") == "1"
 ENGINES = int(os.environ.get("BENCH_ENGINES", "8"))
 TIME_SCALE = float(os.environ.get("BENCH_TIME_SCALE", "10.0"))  # served seconds per modelled second
 KV_BLOCKS = int(os.environ.get("BENCH_KV_BLOCKS", "2048"))  # per engine (16 tokens each)
-RUN_SECONDS = float(os.environ.get("BENCH_RUN_SECONDS", "15" if QUICK else "45"))
+RUN_SECONDS = float(os.environ.get("BENCH_RUN_SECONDS", "15" if QUICK else "45"))  # open loop, all rounds
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
+CLOSED_SECONDS = float(os.environ.get("BENCH_CLOSED_SECONDS", "10" if QUICK else "20"))
+# Before the closed loop's window opens: the clients start together and need a few request lifetimes to
+# reach a steady state.
+CLOSED_WARMUP_SECONDS = float(os.environ.get("BENCH_CLOSED_WARMUP_SECONDS", "5" if QUICK else "10"))
 TENANTS = 48
 SYSTEM_WORDS = 1500
 SUFFIX_WORDS = 40
@@ -151,21 +171,30 @@ def poisson_times(rng: random.Random, rate: float, duration: float) -> list[floa
         times.append(t)
 
 
-def shared_prefix_requests(rate: float, duration: float, seed: int = 1) -> list[Request]:
-    rng = random.Random(seed)
+def tenant_prompts() -> tuple[list[str], list[float]]:
     prompts = [
         f"Tenant {i} instructions. " + words(random.Random(1000 + i), SYSTEM_WORDS) for i in range(TENANTS)
     ]
-    weights = zipf_weights(TENANTS)
+    return prompts, zipf_weights(TENANTS)
+
+
+def shared_prefix_body(rng: random.Random, tenants: tuple[list[str], list[float]]) -> dict:
+    prompts, weights = tenants
+    return {
+        "prompt": rng.choices(prompts, weights)[0] + "\nQuestion: " + words(rng, SUFFIX_WORDS),
+        "max_tokens": OUTPUT_TOKENS,
+    }
+
+
+def unique_body(rng: random.Random, key: str) -> dict:
+    return {"prompt": f"Request {key}. " + words(rng, SYSTEM_WORDS // 2), "max_tokens": OUTPUT_TOKENS}
+
+
+def shared_prefix_requests(rate: float, duration: float, seed: int = 1) -> list[Request]:
+    rng = random.Random(seed)
+    tenants = tenant_prompts()
     return [
-        Request(
-            "/v1/completions",
-            {
-                "prompt": rng.choices(prompts, weights)[0] + "\nQuestion: " + words(rng, SUFFIX_WORDS),
-                "max_tokens": OUTPUT_TOKENS,
-            },
-            t,
-        )
+        Request("/v1/completions", shared_prefix_body(rng, tenants), t)
         for t in poisson_times(rng, rate, duration)
     ]
 
@@ -173,11 +202,7 @@ def shared_prefix_requests(rate: float, duration: float, seed: int = 1) -> list[
 def unique_requests(rate: float, duration: float, seed: int = 2) -> list[Request]:
     rng = random.Random(seed)
     return [
-        Request(
-            "/v1/completions",
-            {"prompt": f"Request {k}. " + words(rng, SYSTEM_WORDS // 2), "max_tokens": OUTPUT_TOKENS},
-            t,
-        )
+        Request("/v1/completions", unique_body(rng, f"{seed}-{k}"), t)
         for k, t in enumerate(poisson_times(rng, rate, duration))
     ]
 
@@ -266,39 +291,90 @@ async def run_open_loop(session, dispatcher, requests: list[Request]) -> tuple[l
     return list(results), time.monotonic() - started
 
 
+MULTI_TURN_TURNS = 5
+MULTI_TURN_SYSTEM = "You are the support assistant of a large bank. " + words(random.Random(77), 300)
+
+
+async def conversation(
+    session, dispatcher, crng: random.Random, results: list[Result], think_s: float
+) -> None:
+    """TURNS turns, each sent after the previous reply (plus a think time drawn with mean ``think_s``), its
+    messages the whole history so far."""
+    messages = [{"role": "system", "content": MULTI_TURN_SYSTEM}]
+    for _turn in range(MULTI_TURN_TURNS):
+        messages.append({"role": "user", "content": words(crng, 150)})
+        result = await send(
+            session,
+            dispatcher,
+            "/v1/chat/completions",
+            {"messages": list(messages), "max_tokens": OUTPUT_TOKENS},
+            keep_text=True,
+        )
+        results.append(result)
+        if not result.ok:
+            return
+        messages.append({"role": "assistant", "content": result.text})
+        if think_s > 0:
+            await asyncio.sleep(crng.expovariate(1 / think_s))
+
+
 async def run_multi_turn(
     session, dispatcher, rate: float, duration: float, seed: int = 3
 ) -> tuple[list[Result], float]:
-    """Conversations start as a Poisson process; each runs TURNS turns, each turn sent after the previous
-    reply plus a short think time, its messages the whole history so far."""
+    """Conversations start as a Poisson process (rate / TURNS, so that turns arrive at ``rate``)."""
     rng = random.Random(seed)
-    turns = 5
-    system = "You are the support assistant of a large bank. " + words(random.Random(77), 300)
-    starts = poisson_times(rng, rate / turns, duration)
+    starts = poisson_times(rng, rate / MULTI_TURN_TURNS, duration)
     results: list[Result] = []
     t0 = time.monotonic()
 
-    async def conversation(k: int, at: float) -> None:
-        crng = random.Random(seed * 1000 + k)
+    async def start(k: int, at: float) -> None:
         await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
-        messages = [{"role": "system", "content": system}]
-        for _turn in range(turns):
-            messages.append({"role": "user", "content": words(crng, 150)})
-            result = await send(
-                session,
-                dispatcher,
-                "/v1/chat/completions",
-                {"messages": list(messages), "max_tokens": OUTPUT_TOKENS},
-                keep_text=True,
-            )
-            results.append(result)
-            if not result.ok:
-                return
-            messages.append({"role": "assistant", "content": result.text})
-            await asyncio.sleep(crng.expovariate(1 / 0.3))
+        await conversation(session, dispatcher, random.Random(seed * 1000 + k), results, think_s=0.3)
 
-    await asyncio.gather(*(conversation(k, at) for k, at in enumerate(starts)))
+    await asyncio.gather(*(start(k, at) for k, at in enumerate(starts)))
     return results, time.monotonic() - t0
+
+
+class WindowedResults(list):
+    """Results that ended after ``opens_at`` (earlier ones are dropped as they come)."""
+
+    def __init__(self, opens_at: float) -> None:
+        super().__init__()
+        self.opens_at = opens_at
+
+    def append(self, result: Result) -> None:
+        if time.monotonic() >= self.opens_at:
+            super().append(result)
+
+
+async def run_closed_loop(
+    session, dispatcher, workload: str, clients: int, duration: float, seed: int = 4
+) -> tuple[list[Result], float]:
+    """``clients`` clients, each sending its next request as soon as its last one ended (multi_turn: its next
+    turn, and a new conversation after the last): after CLOSED_WARMUP_SECONDS, a window of ``duration``
+    seconds opens; when it closes the requests still in flight are cancelled (a client disconnect) and only the
+    ones that ended inside the window count."""
+    tenants = tenant_prompts()
+    results = WindowedResults(time.monotonic() + CLOSED_WARMUP_SECONDS)
+
+    async def client(c: int) -> None:
+        rng = random.Random(seed * 10_000 + c)
+        for k in itertools.count():
+            if workload == "multi_turn":
+                await conversation(session, dispatcher, rng, results, think_s=0.0)
+                continue
+            body = unique_body(rng, f"closed-{c}-{k}") if workload == "no_sharing" else None
+            body = body or shared_prefix_body(rng, tenants)
+            results.append(await send(session, dispatcher, "/v1/completions", body))
+
+    tasks = [asyncio.create_task(client(c)) for c in range(clients)]
+    await asyncio.sleep(max(0.0, results.opens_at - time.monotonic()) + duration)
+    elapsed = time.monotonic() - results.opens_at
+    ended = list(results)  # what ended inside the window; cancelling adds nothing to it
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return ended, elapsed
 
 
 # --- engine counters -----------------------------------------------------------------------------------------
@@ -336,29 +412,51 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def summarise(results: list[Result], elapsed: float, before, after) -> dict[str, float]:
-    ttfts = [r.ttft for r in results if r.ok and r.ttft is not None]
-    hits = sum(
-        a.get("vllm:prefix_cache_hits_total", 0) - b.get("vllm:prefix_cache_hits_total", 0)
-        for a, b in zip(after, before, strict=True)
-    )
-    queries = sum(
-        a.get("vllm:prefix_cache_queries_total", 0) - b.get("vllm:prefix_cache_queries_total", 0)
-        for a, b in zip(after, before, strict=True)
-    )
-    served = [
-        a.get("vllm:request_success_total", 0) - b.get("vllm:request_success_total", 0)
+COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:request_success_total")
+
+
+def counter_deltas(before: list[dict[str, float]], after: list[dict[str, float]]) -> list[dict[str, float]]:
+    return [
+        {name: a.get(name, 0.0) - b.get(name, 0.0) for name in COUNTERS}
         for a, b in zip(after, before, strict=True)
     ]
+
+
+def add_deltas(total: list[dict[str, float]], more: list[dict[str, float]]) -> list[dict[str, float]]:
+    if not total:
+        return more
+    return [{name: t[name] + m[name] for name in COUNTERS} for t, m in zip(total, more, strict=True)]
+
+
+@dataclass
+class PolicyRun:
+    """One policy on one workload, over all its rounds."""
+
+    open_results: list[Result]
+    deltas: list[dict[str, float]]  # engine counters over the open-loop phases, per engine
+    closed_results: list[Result]
+    closed_elapsed: float
+    closed_deltas: list[dict[str, float]] = field(default_factory=list)  # engine counters, closed loop
+
+
+def summarise(run: PolicyRun) -> dict[str, float]:
+    ttfts = [r.ttft for r in run.open_results if r.ok and r.ttft is not None]
+    hits = sum(d["vllm:prefix_cache_hits_total"] for d in run.deltas)
+    queries = sum(d["vllm:prefix_cache_queries_total"] for d in run.deltas)
+    served = [d["vllm:request_success_total"] for d in run.deltas]
     mean = sum(served) / len(served) if served else 0
+    closed_ok = [r for r in run.closed_results if r.ok]
+    closed_hits = sum(d["vllm:prefix_cache_hits_total"] for d in run.closed_deltas)
+    closed_queries = sum(d["vllm:prefix_cache_queries_total"] for d in run.closed_deltas)
     return {
         "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
         "ttft_p99_s": round(percentile(ttfts, 0.99), 4),
-        "output_tok_s": round(sum(r.output_tokens for r in results if r.ok) / elapsed, 1),
+        "output_tok_s": round(sum(r.output_tokens for r in closed_ok) / run.closed_elapsed, 1),
         "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
         "imbalance": round(max(served) / mean, 3) if mean else 0.0,
-        "requests": len(results),
-        "errors": sum(not r.ok for r in results),
+        "closed_prefix_hit_rate": round(closed_hits / closed_queries, 4) if closed_queries else 0.0,
+        "requests": len(run.open_results),
+        "errors": sum(not r.ok for r in run.open_results) + len(run.closed_results) - len(closed_ok),
     }
 
 
@@ -434,11 +532,25 @@ class RouterProcess:
 # --- the benchmark -------------------------------------------------------------------------------------------
 
 
+CALIBRATION_CLIENTS = 24  # on the one engine calibrated: enough to keep its batch full whatever the latency
+# Closed-loop clients per engine at full load: as many as the calibration keeps one engine saturated with.
+# Decode steps batch for free (memory-bound), so an engine is only saturated once prefill fills its time: with a
+# few clients per engine every policy is latency-bound by the decode and delivers the same tokens/s (measured:
+# identical to 3 digits at 3 per engine); saturated, the work a policy saves (cache hits) or wastes (idle
+# engines beside piled-up ones) decides the tokens delivered.
+CLOSED_CLIENTS_PER_ENGINE = CALIBRATION_CLIENTS
+
+
+def closed_clients(level: float) -> int:
+    """Closed-loop clients for a workload run at ``level`` of capacity."""
+    return max(1, round(level * CLOSED_CLIENTS_PER_ENGINE * ENGINES))
+
+
 async def calibrate(session, engines: list[str]) -> float:
     """Requests/s one engine sustains on the shared-prefix workload (closed loop), times the fleet size."""
     dispatcher = Dispatcher("direct", engines[:1], None)
     requests = shared_prefix_requests(100, 20, seed=99)  # ~2000 prompts, reused in a cycle
-    concurrency, stop_at, done = 24, time.monotonic() + (6 if QUICK else 10), 0
+    concurrency, stop_at, done = CALIBRATION_CLIENTS, time.monotonic() + (6 if QUICK else 10), 0
     feed = itertools.cycle(requests)
     await flush_caches(session, engines[:1])
 
@@ -454,7 +566,12 @@ async def calibrate(session, engines: list[str]) -> float:
     return done / (time.monotonic() - started) * len(engines)
 
 
-async def run_policy(session, engines, policy: str, workload: str, rate: float) -> dict[str, float]:
+async def run_slice(
+    session, engines, policy: str, workload: str, rate: float, seconds: float, seed: int, closed_clients: int
+) -> PolicyRun:
+    """One policy's share of one round: a fresh router and empty engine caches, the open-loop arrivals of
+    this round's seed for ``seconds``, then (when ``closed_clients``) the closed loop, on the caches and the
+    router state the open loop left."""
     await flush_caches(session, engines)
     router = RouterProcess(policy, engines) if policy in ("tokenyard", "sglang_cache_aware") else None
     try:
@@ -464,18 +581,58 @@ async def run_policy(session, engines, policy: str, workload: str, rate: float) 
         await flush_caches(session, engines)  # the warm-up request must not leave a cached prefix
         before = await engine_counters(session, engines)
         if workload == "multi_turn":
-            results, elapsed = await run_multi_turn(session, dispatcher, rate, RUN_SECONDS)
+            results, _ = await run_multi_turn(session, dispatcher, rate, seconds, seed=3 + 100 * seed)
         elif workload == "no_sharing":
-            results, elapsed = await run_open_loop(session, dispatcher, unique_requests(rate, RUN_SECONDS))
+            results, _ = await run_open_loop(
+                session, dispatcher, unique_requests(rate, seconds, 2 + 100 * seed)
+            )
         else:
-            results, elapsed = await run_open_loop(
-                session, dispatcher, shared_prefix_requests(rate, RUN_SECONDS)
+            results, _ = await run_open_loop(
+                session, dispatcher, shared_prefix_requests(rate, seconds, 1 + 100 * seed)
             )
         after = await engine_counters(session, engines)
-        return summarise(results, elapsed, before, after)
+        closed, closed_elapsed, closed_deltas = [], 0.0, []
+        if closed_clients:
+            closed, closed_elapsed = await run_closed_loop(
+                session, dispatcher, workload, closed_clients, CLOSED_SECONDS
+            )
+            closed_deltas = counter_deltas(after, await engine_counters(session, engines))
+        return PolicyRun(results, counter_deltas(before, after), closed, closed_elapsed, closed_deltas)
     finally:
         if router:
             router.stop()
+
+
+async def run_workload(
+    session, engines, workload: str, rate: float, closed_clients: int
+) -> dict[str, PolicyRun]:
+    """ROUNDS rounds; in each, every policy gets the same arrivals, in an order rotated round by round, so that
+    a burst of load from other processes on the machine falls on all policies alike rather than on one."""
+    runs: dict[str, PolicyRun] = {}
+    for round_index in range(ROUNDS):
+        order = POLICIES[round_index % len(POLICIES) :] + POLICIES[: round_index % len(POLICIES)]
+        last = round_index == ROUNDS - 1
+        for policy in order:
+            part = await run_slice(
+                session,
+                engines,
+                policy,
+                workload,
+                rate,
+                RUN_SECONDS / ROUNDS,
+                round_index,
+                closed_clients if last else 0,
+            )
+            seen = runs.get(policy)
+            if seen is None:
+                runs[policy] = part
+            else:
+                seen.open_results += part.open_results
+                seen.deltas = add_deltas(seen.deltas, part.deltas)
+                seen.closed_results += part.closed_results
+                seen.closed_elapsed += part.closed_elapsed
+                seen.closed_deltas = add_deltas(seen.closed_deltas, part.closed_deltas)
+    return runs
 
 
 async def overhead(session, engines) -> dict[str, float]:
@@ -553,32 +710,43 @@ async def main() -> None:
             capacity = await calibrate(session, engines)
             print(
                 f"fleet: {ENGINES} x llama-3.1-8b on h100-sxm, time scale {TIME_SCALE}, {KV_BLOCKS} KV blocks "
-                f"each; shared-prefix capacity ~{capacity:.1f} req/s; {RUN_SECONDS:.0f}s per run",
+                f"each; shared-prefix capacity ~{capacity:.1f} req/s",
                 flush=True,
             )
-            workloads = {
-                "shared_prefix_70": 0.70 * capacity,
-                "shared_prefix_95": 0.95 * capacity,
-                "no_sharing": 0.70 * capacity,
-                "multi_turn": 0.70 * capacity,
+            levels = {
+                "shared_prefix_70": 0.70,
+                "shared_prefix_95": 0.95,
+                "no_sharing": 0.70,
+                "multi_turn": 0.70,
             }
             results: dict[str, dict[str, dict[str, float]]] = {}
+            print(
+                f"TTFT, hit rate and imbalance: open loop (Poisson arrivals at the rate shown), {ROUNDS} rounds "
+                f"of {RUN_SECONDS / ROUNDS:.0f}s per policy; out tok/s: closed loop (the clients shown, each "
+                f"sending its next request when its last ended), counted over {CLOSED_SECONDS:.0f}s after a "
+                f"{CLOSED_WARMUP_SECONDS:.0f}s warm-up",
+                flush=True,
+            )
             header = (
-                f"{'workload':<18}{'policy':<20}{'rate/s':>7}{'ttft p50 s':>11}{'ttft p99 s':>11}"
-                f"{'out tok/s':>10}{'hit rate':>9}{'imbal':>7}{'errors':>7}"
+                f"{'workload':<18}{'policy':<20}{'rate/s':>7}{'clients':>8}{'ttft p50 s':>11}{'ttft p99 s':>11}"
+                f"{'out tok/s':>10}{'hit rate':>9}{'imbal':>7}{'errors':>7}{'closed hits':>12}"
             )
             print(header, flush=True)
-            for workload, rate in workloads.items():
+            for workload, level in levels.items():
                 if workload not in WORKLOADS:
                     continue
+                rate = level * capacity
+                clients = closed_clients(level)
+                runs = await run_workload(session, engines, workload, rate, clients)
                 results[workload] = {}
                 for policy in POLICIES:
-                    figures = await run_policy(session, engines, policy, workload, rate)
+                    figures = summarise(runs[policy])
                     results[workload][policy] = figures
                     print(
-                        f"{workload:<18}{policy:<20}{rate:>7.1f}{figures['ttft_p50_s']:>11.3f}"
+                        f"{workload:<18}{policy:<20}{rate:>7.1f}{clients:>8}{figures['ttft_p50_s']:>11.3f}"
                         f"{figures['ttft_p99_s']:>11.3f}{figures['output_tok_s']:>10.0f}"
-                        f"{figures['prefix_hit_rate']:>9.3f}{figures['imbalance']:>7.2f}{figures['errors']:>7}",
+                        f"{figures['prefix_hit_rate']:>9.3f}{figures['imbalance']:>7.2f}{figures['errors']:>7}"
+                        f"{figures['closed_prefix_hit_rate']:>12.3f}",
                         flush=True,
                     )
             results["overhead"] = await overhead(session, engines)

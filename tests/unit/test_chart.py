@@ -23,7 +23,11 @@ from tokenyard.devcluster.binaries import BinaryError, cache_dir, ensure_binarie
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tokenyard"
 RELEASE, NAMESPACE = "ty", "tokenyard-system"
-MONITORING_APIS = ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PrometheusRule")
+MONITORING_APIS = (
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PrometheusRule",
+    "monitoring.coreos.com/v1/PodMonitor",
+)
 KUBE_VERSION = "1.35.4"
 # Where the metric names are defined: every Python source of the components (prometheus_client constructors).
 METRIC_SOURCES = [ROOT / c for c in ("operator", "router", "autoscaler", "sim", "core")]
@@ -456,3 +460,44 @@ def test_dashboard_queries_parse(tmp_path):
                 )
     assert rules
     promtool_check_rules([{"name": "dashboards", "rules": rules}], tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------- engine PodMonitor
+
+
+def _prometheus_label(pod_label: str) -> str:
+    """The meta label Prometheus' Kubernetes discovery makes of a pod label (every invalid character -> _)."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", pod_label)
+
+
+def test_engine_pod_monitor_scrapes_group_leaders_with_the_labels_the_autoscaler_selects():
+    from tokenyard.autoscaler.prometheus import DEFAULT_SELECTOR
+    from tokenyard.core import labels
+    from tokenyard.operator.manifests import GroupNames, group_labels
+
+    monitor = one(render(), "PodMonitor", "-engine-monitor")
+    leader = {
+        **group_labels(GroupNames("llama", "team-a", "abc123", 0)),
+        labels.RANK: "0",
+        labels.ROLE: labels.ROLE_LEADER,
+    }
+    worker = {**leader, labels.RANK: "1", labels.ROLE: labels.ROLE_WORKER}
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= leader.items(), "the PodMonitor does not select the operator's leader pods"
+    assert not selector.items() <= worker.items(), "workers serve no engine metrics; they must not be scraped"
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == labels.ENGINE_PORT_NAME and endpoint["path"] == "/metrics"
+    copied = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    # Every series label the default PromQL selects on, except `namespace` (the Prometheus Operator sets it).
+    selected = set(re.findall(r"(\w+)=", DEFAULT_SELECTOR)) - {"namespace"}
+    assert selected == {"model_deployment"} and selected <= copied.keys()
+    assert copied["model_deployment"] == [_prometheus_label(labels.MODEL_DEPLOYMENT)]
+    assert copied["revision"] == [_prometheus_label(labels.REVISION)]
+
+
+def test_engine_pod_monitor_follows_its_flag_the_capabilities_and_the_namespaces():
+    assert not objects_of(render("enginePodMonitor.enabled=false"), "PodMonitor")
+    assert not objects_of(render(monitoring=False), "PodMonitor")
+    narrowed = one(render("enginePodMonitor.namespaces={team-a,team-b}"), "PodMonitor", "-engine-monitor")
+    assert narrowed["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}

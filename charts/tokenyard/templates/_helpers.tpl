@@ -185,6 +185,8 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+        - name: TOKENYARD_PEERING_LIFETIME_SECONDS
+          value: {{ $op.peering.lifetimeSeconds | default 60 | quote }}
         {{- end }}
         - name: TOKENYARD_RESYNC_SECONDS
           value: {{ $op.resyncSeconds | quote }}

@@ -270,16 +270,28 @@ class AnalysisMetric(ApiModel):
     """A metric compared between the new and the stable revision over the same time."""
 
     model_config = rules(
-        cel("self.kind != 'PromQL' || has(self.query)", "a PromQL analysis metric needs a query", ".query"),
+        cel("self.kind != 'PromQL' || has(self.badQuery)", "a PromQL analysis metric needs a badQuery", ".badQuery"),
+        cel(
+            "self.kind != 'PromQL' || has(self.totalQuery)", "a PromQL analysis metric needs a totalQuery", ".totalQuery"
+        ),
         cel("self.kind != 'TTFTOverSLO' || has(self.sloSeconds)", "TTFTOverSLO needs sloSeconds", ".sloSeconds"),
     )
 
     name: str = Field(min_length=1, max_length=63, description="Metric name shown in the status.")
     kind: AnalysisMetricKind = Field(description="A built-in comparison, or PromQL.")
     slo_seconds: float | None = Field(default=None, gt=0, description="The time-to-first-token SLO for TTFTOverSLO.")
-    query: str | None = Field(
+    bad_query: str | None = Field(
         default=None,
-        description="For PromQL: a query returning bad and total request counts, with $revision substituted.",
+        min_length=1,
+        description=(
+            "For PromQL: the number of bad requests of one revision over the analysis window, as one number. "
+            "$revision, $window (e.g. 300s), $model and $namespace are substituted."
+        ),
+    )
+    total_query: str | None = Field(
+        default=None,
+        min_length=1,
+        description="For PromQL: the number of requests of one revision over the window, with the same substitutions.",
     )
 
 
@@ -335,7 +347,8 @@ class ScorerWeights(ApiModel):
     """Weights of the router's scorers for this model."""
 
     outstanding_tokens: float = Field(default=1.0, ge=0, description="Weight of the outstanding-tokens (load) scorer.")
-    prefix_cache: float = Field(default=1.0, ge=0, description="Weight of the prefix-cache locality scorer.")
+    # 0.25, the router's own default (router/core.py DEFAULT_WEIGHTS says what bench-router measured at 1.0).
+    prefix_cache: float = Field(default=0.25, ge=0, description="Weight of the prefix-cache locality scorer.")
     # 0 by default: scraped engine metrics lag by up to a scrape behind the router's own accounting, and
     # bench-router measured them making TTFT p99 worse whenever the router sees all the traffic.
     kv_cache: float = Field(
@@ -493,6 +506,7 @@ class ScaleTargetRef(ApiModel):
 class SignalKind(StrEnum):
     QUEUED_TOKENS = "QueuedTokens"
     WAITING_REQUESTS = "WaitingRequests"
+    TOKEN_LOAD = "TokenLoad"  # tokens waiting plus tokens running (KV-occupied), per group
     KV_CACHE_USAGE = "KVCacheUsage"
     TTFT_P95 = "TTFTP95"
     PROMQL = "PromQL"
@@ -503,8 +517,16 @@ class Signal(ApiModel):
 
     model_config = rules(cel("self.kind != 'PromQL' || has(self.query)", "a PromQL signal needs a query", ".query"))
 
-    kind: SignalKind = Field(description="What is measured.")
-    target: float = Field(gt=0, description="Target value per group (a fraction for KVCacheUsage, seconds for TTFTP95).")
+    kind: SignalKind = Field(
+        description="What is measured: QueuedTokens (prompt tokens waiting), WaitingRequests, TokenLoad (tokens "
+        "waiting plus KV-occupied tokens), KVCacheUsage (mean fraction of the KV cache in use), TTFTP95 (seconds, "
+        "against an SLO: never asks for fewer groups), PromQL (the query's value, a total across groups)."
+    )
+    target: float = Field(
+        gt=0,
+        description="Target value per group (tokens for QueuedTokens and TokenLoad, a fraction for KVCacheUsage, "
+        "seconds for TTFTP95).",
+    )
     query: str | None = Field(
         default=None,
         description="PromQL that returns the value; overrides the default for vLLM's metrics. $namespace and $target are substituted.",
@@ -535,6 +557,17 @@ class InferenceAutoscalerSpec(ApiModel):
 
     model_config = rules(
         cel("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas", ".minReplicas"),
+        # A panic window shorter than the interval holds at most one sample: it cannot tell a burst from noise.
+        cel(
+            "self.panicWindowSeconds >= self.intervalSeconds",
+            "panicWindowSeconds must be at least intervalSeconds (each decision takes one sample)",
+            ".panicWindowSeconds",
+        ),
+        cel(
+            "self.panicWindowSeconds <= self.stableWindowSeconds",
+            "panicWindowSeconds must not exceed stableWindowSeconds",
+            ".panicWindowSeconds",
+        ),
     )
 
     scale_target_ref: ScaleTargetRef = Field(description="The resource whose scale subresource is written.")
@@ -549,9 +582,11 @@ class InferenceAutoscalerSpec(ApiModel):
         max_length=8,
         description="Signals with targets; the largest recommendation wins.",
     )
-    interval_seconds: int = Field(default=15, ge=1, description="How often to decide.")
+    interval_seconds: int = Field(default=5, ge=1, description="How often to decide (and sample every signal).")
     stable_window_seconds: int = Field(default=60, ge=1, description="Window averaged for normal decisions.")
-    panic_window_seconds: int = Field(default=6, ge=1, description="Short window that can scale up fast in a burst.")
+    panic_window_seconds: int = Field(
+        default=10, ge=1, description="Short window that can scale up fast in a burst; at least intervalSeconds."
+    )
     panic_threshold: float = Field(default=2.0, gt=1, description="Panic when the short window asks this many times the current groups.")
     tolerance: float = Field(default=0.1, ge=0, lt=1, description="No action while every signal is within this fraction of its target.")
     cold_start_seconds: int = Field(default=120, ge=0, description="Time for a new group to load its model; scale this far ahead of the trend.")
@@ -563,6 +598,9 @@ class InferenceAutoscalerSpec(ApiModel):
 class SignalStatus(ApiModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
+    name: str | None = Field(
+        default=None, description="The signal's name: its kind, with its index in spec.signals when a kind repeats."
+    )
     kind: str = Field(description="Signal kind.")
     value: float | None = Field(default=None, description="Last value; unset when there was no data.")
     target: float | None = Field(default=None, description="Target value per group.")

@@ -19,9 +19,11 @@ from tokenyard.router.discovery import (
     parse_shadow,
     parse_traffic,
 )
+from tokenyard.router.kube import DiscoveryUnavailable
 from tokenyard.router.prefix import Tokenizer
 from tokenyard.router.server import RouterServer, ServerOptions
 from tokenyard.router.state import RouterSettings
+from tokenyard.router.tokenizing import TokenizerUnavailable, load_tokenizer
 
 log = logging.getLogger("tokenyard.router")
 
@@ -109,7 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     route.add_argument(
         "--metrics-max-age", type=float, default=5.0, help="engine stats older than this are unknown"
     )
-    route.add_argument("--probe-interval", type=float, default=0.5, help="seconds between /metrics scrapes")
+    route.add_argument(
+        "--probe-interval",
+        type=float,
+        default=2.0,
+        help="seconds over which every replica's /metrics is scraped once (default %(default)s); keep it "
+        "below --metrics-max-age",
+    )
     return parser
 
 
@@ -131,23 +139,13 @@ def parse_weights(text: str | None) -> dict[str, float] | None:
     return weights
 
 
-def load_tokenizer(spec: str | None) -> Tokenizer | None:
+def tokenizer_from_flag(spec: str | None) -> Tokenizer | None:
     if not spec:
         return None
-    if spec.startswith("sim"):
-        from tokenyard.sim.tokenizer import Tokenizer as SimTokenizer
-
-        _, _, vocab = spec.partition(":")
-        return SimTokenizer(int(vocab) if vocab else 128_256).encode  # Llama 3's vocabulary size
     try:
-        from tokenizers import Tokenizer as HfTokenizer  # optional dependency
-    except ImportError:
-        raise ConfigError(f"--tokenizer {spec}: the 'tokenizers' package is not installed") from None
-    try:
-        hf = HfTokenizer.from_file(spec)
-    except Exception as error:
-        raise ConfigError(f"--tokenizer {spec}: {error}") from None
-    return lambda text: hf.encode(text, add_special_tokens=False).ids
+        return load_tokenizer(spec)
+    except TokenizerUnavailable as error:
+        raise ConfigError(f"--tokenizer: {error}") from None
 
 
 def options_from_args(args: argparse.Namespace) -> ServerOptions:
@@ -197,7 +195,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         max_body_bytes=args.max_body_bytes,
         drain_timeout_s=args.drain_timeout,
         settings=settings,
-        tokenizer=load_tokenizer(args.tokenizer),
+        tokenizer=tokenizer_from_flag(args.tokenizer),
         router_id=args.router_id,
     )
 
@@ -229,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         asyncio.run(serve(options))
-    except OSError as error:  # e.g. the port is taken
+    except (OSError, DiscoveryUnavailable) as error:  # e.g. the port is taken, the cluster is unreachable
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 1
     return 0

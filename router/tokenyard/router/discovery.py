@@ -40,6 +40,8 @@ class ModelView:
     shadow: Shadow | None = None
     weights: Mapping[str, float] | None = None  # spec.routing.weights; None = the router's defaults
     deployment: str = ""  # the ModelDeployment's namespace/name, for logs
+    namespace: str = ""  # the ModelDeployment's namespace (a metric label); '' for static backends
+    tokenizer: str | None = None  # spec.routing.tokenizer: how prompts are cut into blocks; None = characters
 
 
 class ConfigError(ValueError):
@@ -141,6 +143,8 @@ def models_from_cluster(
             shadow=_shadow(status),
             weights={str(k): float(v) for k, v in weights.items()} if weights else None,
             deployment=f"{meta.get('namespace', '')}/{name}",
+            namespace=str(meta.get("namespace") or ""),
+            tokenizer=routing.get("tokenizer") or None,
         )
     return views
 

@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tokenyard.router.proxy import Forwarder
+from tokenyard.router.shadowpair import is_greedy
 from tokenyard.router.state import RoutingError, render_chat
 from tokenyard.v1 import router_pb2, router_pb2_grpc
 
@@ -108,8 +109,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 {"Content-Type": "application/json", "X-Request-Id": request_id},
             )
         except RoutingError as error:
+            self.forwarder.count_rejected(request.model, error)
             await context.abort(STATUS_BY_HTTP.get(error.status, grpc.StatusCode.UNAVAILABLE), error.message)
-        self.forwarder.maybe_shadow(request.model, path, raw, prompt, body["max_tokens"])
+        self.forwarder.maybe_shadow(call, path, raw, prompt, body["max_tokens"], is_greedy(body))
         code: int = call.response.status
         endpoint = call.route.endpoint
         first = True

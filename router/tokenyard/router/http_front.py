@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from tokenyard.router.proxy import Forwarder, UpstreamCall, upstream_headers
+from tokenyard.router.shadowpair import is_greedy
 from tokenyard.router.state import RouterState, RoutingError, max_tokens_of, prompt_of
 
 log = logging.getLogger("tokenyard.router")
@@ -130,15 +131,10 @@ class HttpFront:
                     model, request.path, raw, prompt, max_tokens, headers, started
                 )
             except RoutingError as error:
-                self.forwarder.metrics.requests.labels(
-                    model if error.status != 404 else "", "", "", str(error.status)
-                ).inc()
-                self.forwarder.metrics.errors.labels(
-                    model if error.status != 404 else "", "", "", str(error.status)
-                ).inc()
+                self.forwarder.count_rejected(model, error)
                 retry = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s else None
                 return error_response(error.status, error.message, headers=retry)
-            self.forwarder.maybe_shadow(model, request.path, raw, prompt, max_tokens)
+            self.forwarder.maybe_shadow(call, request.path, raw, prompt, max_tokens, is_greedy(body))
             return await self._relay(request, call)
         finally:
             self.in_flight -= 1

@@ -1,14 +1,17 @@
 """Kubernetes discovery: watches engine pods and ModelDeployments of one namespace and feeds
 ``discovery.models_from_cluster`` (the pure part, unit-tested). Watch-driven; lists once per (re)connect and
-never calls the API server per request."""
+never calls the API server per request. ``connect`` runs first and fails the start-up when the cluster cannot
+be read; ``run`` then watches (call ``connect`` before it)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from tokenyard.core import labels
 from tokenyard.router.discovery import models_from_cluster
 from tokenyard.router.state import RouterState
@@ -18,6 +21,13 @@ log = logging.getLogger("tokenyard.router")
 
 PLURAL = "modeldeployments"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+CONNECT_TIMEOUT_S = 10.0
+
+
+class DiscoveryUnavailable(RuntimeError):
+    """Kubernetes discovery cannot start; the message names the kubeconfig or API server and what failed.
+    Raised at start-up only: a router that cannot see its cluster must fail loudly (and be restarted), not
+    serve "no models". Once running, a lost watch is retried instead."""
 
 
 class KubeDiscovery:
@@ -36,25 +46,62 @@ class KubeDiscovery:
     def recompute(self) -> None:
         gone = self.state.set_models(models_from_cluster(self.pods.values(), self.deployments.values()))
         for endpoint in gone:
-            self.metrics.forget_replica(endpoint.name, endpoint.revision)
+            self.metrics.forget_replica(endpoint.name)
 
-    async def _client(self):
-        from kubernetes_asyncio import client, config
+    @property
+    def source(self) -> str:
+        return f"kubeconfig {self.kubeconfig}" if self.kubeconfig else "the in-cluster service account"
 
-        if self.kubeconfig:
-            await config.load_kube_config(config_file=self.kubeconfig)
-            if not self.namespace:
-                _, context = config.list_kube_config_contexts(config_file=self.kubeconfig)
-                self.namespace = (context.get("context") or {}).get("namespace") or "default"
-        else:
-            config.load_incluster_config()
-            if not self.namespace:
-                with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as handle:
-                    self.namespace = handle.read().strip()
-        return client
+    async def _load_config(self) -> None:
+        from kubernetes_asyncio import config
+
+        if self.kubeconfig and not os.path.isfile(self.kubeconfig):
+            raise DiscoveryUnavailable(f"{self.source} cannot be loaded: no such file")
+        try:
+            if self.kubeconfig:
+                await config.load_kube_config(config_file=self.kubeconfig)
+                if not self.namespace:
+                    _, context = config.list_kube_config_contexts(config_file=self.kubeconfig)
+                    self.namespace = (context.get("context") or {}).get("namespace") or "default"
+            else:
+                config.load_incluster_config()
+                if not self.namespace:
+                    with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as handle:
+                        self.namespace = handle.read().strip()
+        except Exception as error:  # a missing file, bad YAML, no current context: all mean "cannot start"
+            reason = " ".join(str(error).split())  # YAML errors span lines; the message is one
+            raise DiscoveryUnavailable(f"{self.source} cannot be loaded: {reason}") from None
+
+    async def connect(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Load the configuration and list the ModelDeployments once, so that an unreadable kubeconfig, an
+        unreachable API server, a missing CRD or missing RBAC stop the start-up with a message naming it."""
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        await self._load_config()
+        async with client.ApiClient() as api:
+            host = api.configuration.host
+            where = f"the Kubernetes API server at {host} (from {self.source})"
+            try:
+                await asyncio.wait_for(
+                    client.CustomObjectsApi(api).list_namespaced_custom_object(
+                        labels.GROUP, labels.VERSION, self.namespace, PLURAL, limit=1
+                    ),
+                    timeout_s,
+                )
+            except ApiException as error:
+                raise DiscoveryUnavailable(
+                    f"{where} refused to list {PLURAL}.{labels.GROUP} in namespace {self.namespace}: "
+                    f"{error.status} {error.reason}"
+                ) from None
+            except TimeoutError:
+                raise DiscoveryUnavailable(f"{where} did not answer within {timeout_s:.0f}s") from None
+            except (aiohttp.ClientError, OSError) as error:
+                raise DiscoveryUnavailable(f"{where} is unreachable: {error}") from None
 
     async def run(self) -> None:
-        client = await self._client()
+        from kubernetes_asyncio import client
+
         async with client.ApiClient() as api:
             core = client.CoreV1Api(api)
             custom = client.CustomObjectsApi(api)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from tokenyard.router.shadowpair import PRIMARY, SHADOW, OutputText, PairResult, ShadowPair
 from tokenyard.router.state import Route, RouterState, RoutingError
 from tokenyard.router.telemetry import RouterMetrics
 
@@ -61,8 +62,13 @@ class UpstreamCall:
     started: float  # monotonic time the client's request arrived
     attempts: int
     first_byte_at: float | None = None
+    last_token_at: float | None = None
     outcome: str = "ok"
+    # Set when the request was shadowed: the pair this side belongs to, and its output text when compared.
+    pair: ShadowPair | None = None
+    text: OutputText | None = None
     _counter: SseTokenCounter = field(default_factory=SseTokenCounter)
+    _inter_token: Any = None  # the labelled inter-token histogram, looked up once per call
 
 
 class Forwarder:
@@ -121,7 +127,9 @@ class Forwarder:
             except (TimeoutError, aiohttp.ClientConnectionError, OSError) as error:
                 self._failed(route, f"connect to {route.endpoint.url} failed: {error!r}")
                 last_error = RoutingError(
-                    502, f"replica {route.endpoint.name} ({route.endpoint.url}) is unreachable", attempted=True
+                    502,
+                    f"replica {route.endpoint.name} ({route.endpoint.url}) is unreachable",
+                    attempted=True,
                 )
                 if attempt < self.max_attempts:
                     self.metrics.retries.labels(model, route.endpoint.name).inc()
@@ -155,19 +163,31 @@ class Forwarder:
 
     def on_chunk(self, call: UpstreamCall, chunk: bytes, final: bool = False) -> None:
         """Account for a chunk relayed to the client. Time to first token is taken at the first chunk that
-        carries generated text (or at the whole body of a non-streamed answer, ``final``)."""
+        carries generated text (or at the whole body of a non-streamed answer, ``final``); the gaps between
+        later chunks that carry text are the inter-token latencies."""
         ledger = self.state.ledger
         events = call._counter.feed(chunk)
-        if call.first_byte_at is None:
-            if not (final or carries_token(chunk)):
-                return
-            call.first_byte_at = self.clock()
-            ledger.first_token(call.route.ticket)
-            if not call.route.shadow:
-                self.metrics.ttft.labels(call.route.model, call.route.revision).observe(
-                    call.first_byte_at - call.started
-                )
-        ledger.generated(call.route.ticket, events)
+        if call.text is not None:
+            (call.text.feed_body if final else call.text.feed_stream)(chunk)
+        route = call.route
+        if final or carries_token(chunk):
+            now = self.clock()
+            if call.first_byte_at is None:
+                call.first_byte_at = now
+                ledger.first_token(route.ticket)
+                if not route.shadow:
+                    self.metrics.ttft.labels(route.namespace, route.model, route.revision).observe(
+                        now - call.started
+                    )
+            elif not route.shadow:
+                if call._inter_token is None:
+                    call._inter_token = self.metrics.inter_token.labels(
+                        route.namespace, route.model, route.revision
+                    )
+                call._inter_token.observe(now - call.last_token_at)
+            call.last_token_at = now
+        if call.first_byte_at is not None:
+            ledger.generated(route.ticket, events)
 
     def finish(self, call: UpstreamCall, code: int | str) -> None:
         """Release the accounting and record the outcome; ``code`` is the status the client got, or 499 for a
@@ -177,40 +197,78 @@ class Forwarder:
         call.response.close()  # closes the upstream connection: an unfinished request is aborted upstream
         if route.shadow:
             return
-        labels = (route.model, route.revision, route.endpoint.name, str(code))
+        self.count_answer(route.namespace, route.model, route.revision, route.endpoint.name, code)
+        self.metrics.e2e.labels(route.namespace, route.model, route.revision).observe(
+            self.clock() - call.started
+        )
+        if call.pair is not None:
+            self._end_pair(call.pair, PRIMARY, int(code) < 400, call.text)
+
+    def count_answer(self, namespace: str, model: str, revision: str, replica: str, code: int | str) -> None:
+        """One client request answered with ``code`` (errors are codes >= 400, 499 for a client gone)."""
+        labels = (namespace, model, revision, replica, str(code))
         self.metrics.requests.labels(*labels).inc()
         if int(code) >= 400:
             self.metrics.errors.labels(*labels).inc()
-        self.metrics.e2e.labels(route.model, route.revision).observe(self.clock() - call.started)
+
+    def count_rejected(self, model: str, error: RoutingError) -> None:
+        """A request no replica was found for (unknown model, no replica, all saturated)."""
+        known = error.status != 404  # an unknown model name is client input: not a label value
+        self.count_answer(
+            self.state.namespace_of(model) if known else "", model if known else "", "", "", error.status
+        )
 
     # --- shadow copies ---------------------------------------------------------------------------------
 
-    def maybe_shadow(self, model: str, path: str, body: bytes, prompt: str, max_tokens: int) -> None:
+    def maybe_shadow(
+        self, primary: UpstreamCall, path: str, body: bytes, prompt: str, max_tokens: int, greedy: bool
+    ) -> None:
         """With the model's shadow fraction, send a copy to the shadow revision off the client's path: the
         copy runs in its own task, is read to the end and discarded; when too many copies are in flight, the
-        copy is dropped rather than queued (it must never slow the client)."""
+        copy is dropped rather than queued (it must never slow the client). A copy that runs is paired with
+        the primary: whichever of the two ends last records the pair (the client never waits for it)."""
+        model = primary.route.model
         if not self.state.shadow_wanted(model):
             return
         view = self.state.models[model]
         revision = view.shadow.revision if view.shadow else ""
         if self._shadow_slots.locked():
-            self.metrics.shadow_requests.labels(model, revision, "dropped").inc()
+            self.metrics.shadow_requests.labels(view.namespace, model, revision, "dropped").inc()
             return
-        task = asyncio.create_task(self._shadow(model, revision, path, body, prompt, max_tokens))
+        pair = ShadowPair(greedy, namespace=view.namespace, model=model, revision=revision)
+        primary.pair = pair
+        if pair.greedy:
+            primary.text = OutputText()
+        task = asyncio.create_task(self._shadow(pair, path, body, prompt, max_tokens))
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
 
-    async def _shadow(
-        self, model: str, revision: str, path: str, body: bytes, prompt: str, max_tokens: int
-    ) -> None:
+    def _end_pair(self, pair: ShadowPair, side: str, ok: bool, text: OutputText | None) -> None:
+        result = pair.end(side, ok, text.text() if text is not None else None)
+        if result is not None:
+            self._count_pair(pair, result)
+
+    def _count_pair(self, pair: ShadowPair, result: PairResult) -> None:
+        labels = (pair.namespace, pair.model, pair.revision)
+        self.metrics.shadow_pairs.labels(*labels, result.outcome).inc()
+        if result.outputs_match is not None:
+            self.metrics.shadow_output_match.labels(*labels, str(result.outputs_match).lower()).inc()
+
+    async def _shadow(self, pair: ShadowPair, path: str, body: bytes, prompt: str, max_tokens: int) -> None:
+        model, revision, namespace = pair.model, pair.revision, pair.namespace
         async with self._shadow_slots:
             started = self.clock()
             outcome = "error"
             call = None
             try:
                 call = await self.open(model, path, body, prompt, max_tokens, started=started, shadow=True)
-                async for chunk in call.response.content.iter_any():
-                    self.on_chunk(call, chunk)
+                if pair.greedy:
+                    call.text = OutputText()
+                if call.response.headers.get("Content-Type", "").startswith("text/event-stream"):
+                    async for chunk in call.response.content.iter_any():
+                        self.on_chunk(call, chunk)
+                else:
+                    self.on_chunk(call, await call.response.read(), final=True)
                 outcome = "ok" if call.response.status < 400 else "error"
             except RoutingError as error:
                 # A copy that reached a failing shadow replica is an error of that revision (the analysis must
@@ -222,9 +280,12 @@ class Forwarder:
             finally:
                 if call is not None:
                     self.finish(call, call.response.status)
-                self.metrics.shadow_requests.labels(model, revision, outcome).inc()
+                self.metrics.shadow_requests.labels(namespace, model, revision, outcome).inc()
                 if outcome != "dropped":
-                    self.metrics.shadow_duration.labels(model, revision).observe(self.clock() - started)
+                    self.metrics.shadow_duration.labels(namespace, model, revision).observe(
+                        self.clock() - started
+                    )
+                    self._end_pair(pair, SHADOW, outcome == "ok", call.text if call is not None else None)
 
     async def close(self) -> None:
         for task in list(self._shadow_tasks):

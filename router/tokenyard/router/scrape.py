@@ -23,7 +23,7 @@ class EngineProber:
         state: RouterState,
         metrics: RouterMetrics,
         session: aiohttp.ClientSession,
-        interval_s: float = 0.5,
+        interval_s: float = 2.0,
         timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -55,7 +55,9 @@ class EngineProber:
 
     def export(self) -> None:
         now = self.clock()
-        for endpoint in self.state.endpoints():
+        endpoints = self.state.endpoints()
+        self.metrics.retain_replicas({endpoint.name for endpoint in endpoints})
+        for endpoint in endpoints:
             load = self.state.load(endpoint.name)
             self.metrics.outstanding_tokens.labels(endpoint.name).set(max(0, load.tokens))
             self.metrics.outstanding_requests.labels(endpoint.name).set(max(0, load.requests))
@@ -72,12 +74,27 @@ class EngineProber:
         self.export()
 
     async def run(self) -> None:
+        """Probes the replicas one at a time, spread evenly over each interval rather than all at once: a
+        burst of scrapes lands on the engines together (and on an engine's event loop, /metrics competes with
+        token delivery); spread out, each engine sees one scrape per interval and the router a steady trickle."""
+        loop = asyncio.get_running_loop()
         while True:
+            endpoints = self.state.endpoints()
+            gap = self.interval_s / max(1, len(endpoints))
+            for endpoint in endpoints:
+                started = loop.time()
+                if endpoint in self.state.endpoints():  # it may have left discovery since the round began
+                    try:
+                        await self.probe_metrics(endpoint)
+                    except Exception:  # one bad probe must not stop probing
+                        log.exception("probe of replica %s failed", endpoint.name)
+                await asyncio.sleep(max(0.0, gap - (loop.time() - started)))
+            if not endpoints:
+                await asyncio.sleep(self.interval_s)
             try:
-                await self.probe_all()
-            except Exception:  # one bad round must not stop probing
-                log.exception("engine probe round failed")
-            await asyncio.sleep(self.interval_s)
+                self.export()
+            except Exception:
+                log.exception("exporting replica metrics failed")
 
 
 class StaticDiscovery:
@@ -130,7 +147,7 @@ class StaticDiscovery:
             await asyncio.gather(*(self._models_of(b) for b in self.config.backends))
         gone = self.state.set_models(self.views())
         for endpoint in gone:
-            self.metrics.forget_replica(endpoint.name, endpoint.revision)
+            self.metrics.forget_replica(endpoint.name)
 
     async def run(self) -> None:
         while True:

@@ -35,6 +35,7 @@ from tokenyard.router.prefix import (
     Tokenizer,
     hash_prompt,
 )
+from tokenyard.router.tokenizing import TokenizerCache
 
 
 class RoutingError(Exception):
@@ -74,6 +75,7 @@ class Route:
     prompt_tokens: int
     prefix_match_tokens: int
     shadow: bool = False
+    namespace: str = ""  # the ModelDeployment's namespace; '' for static backends
 
     @property
     def revision(self) -> str:
@@ -125,7 +127,8 @@ class RouterState:
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings or RouterSettings()
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # the router's default; a model's spec.routing.tokenizer wins
+        self.tokenizers = TokenizerCache()
         self.rng = rng or random.Random()
         self.models: dict[str, ModelView] = {}
         self.ledger = LoadLedger()
@@ -152,6 +155,13 @@ class RouterState:
             self.stats.pop(endpoint.name, None)
             self.unreachable.discard(endpoint.name)
         return gone
+
+    def namespace_of(self, model: str) -> str:
+        view = self.models.get(model)
+        return view.namespace if view else ""
+
+    def tokenizer_for(self, view: ModelView) -> Tokenizer | None:
+        return self.tokenizers.get(view.tokenizer, view.served_name) or self.tokenizer
 
     def endpoints(self) -> list[Endpoint]:
         seen: dict[str, Endpoint] = {}
@@ -238,10 +248,11 @@ class RouterState:
 
         blocks_by_size: dict[int, PromptBlocks] = {}
         matches: dict[str, int] = {}
+        tokenizer = self.tokenizer_for(view)
         for snap in snapshots:
             blocks = blocks_by_size.get(snap.block_size)
             if blocks is None:
-                blocks = hash_prompt(prompt, snap.block_size, self.tokenizer, self.settings.chars_per_token)
+                blocks = hash_prompt(prompt, snap.block_size, tokenizer, self.settings.chars_per_token)
                 blocks_by_size[snap.block_size] = blocks
             matched_blocks = self.index.match_blocks(snap.name, blocks.hashes, now)
             matches[snap.name] = min(blocks.prompt_tokens, matched_blocks * blocks.tokens_per_block)
@@ -266,7 +277,7 @@ class RouterState:
         self.index.insert(chosen.name, hashes, now)
         if self.publish_prefixes and hashes:
             self.prefix_outbox.append((chosen.name, hashes))
-        return Route(model, endpoint, ticket, decision, request.prompt_tokens, match, shadow)
+        return Route(model, endpoint, ticket, decision, request.prompt_tokens, match, shadow, view.namespace)
 
     def shadow_wanted(self, model: str) -> bool:
         view = self.models.get(model)

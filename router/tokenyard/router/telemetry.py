@@ -1,5 +1,11 @@
-"""The router's Prometheus metrics (prefix tokenyard_router_; bounded labels only: model, revision, replica,
-code; a replica's series are removed when the replica goes)."""
+"""The router's Prometheus metrics (prefix tokenyard_router_; bounded labels only: namespace, model, revision,
+replica, code, outcome; a replica's series are removed when the replica goes).
+
+``namespace`` is the ModelDeployment's namespace (empty for static backends), so that the operator's analysis
+can tell apart two deployments serving the same model name. The router's ServiceMonitor honours the scraped
+labels: without it Prometheus would rename this label to ``exported_namespace`` in favour of the target's own
+(the router pod's) namespace.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,24 @@ from tokenyard.core.metrics import LATENCY_BUCKETS_S  # shared with the operator
 
 DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 PREFIX_BUCKETS_TOKENS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
+# Gaps between streamed tokens: tens of milliseconds on a healthy engine, seconds when it stalls.
+INTER_TOKEN_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.035,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+)
 
 
 class RouterMetrics:
@@ -17,13 +41,13 @@ class RouterMetrics:
         self.requests = Counter(
             "tokenyard_router_requests_total",
             "Requests answered, by model, revision, replica and HTTP status code.",
-            ["model", "revision", "replica", "code"],
+            ["namespace", "model", "revision", "replica", "code"],
             registry=r,
         )
         self.errors = Counter(
             "tokenyard_router_errors_total",
             "Requests that failed (status >= 400 or a broken stream), by model, revision, replica and code.",
-            ["model", "revision", "replica", "code"],
+            ["namespace", "model", "revision", "replica", "code"],
             registry=r,
         )
         self.retries = Counter(
@@ -41,15 +65,22 @@ class RouterMetrics:
         self.ttft = Histogram(
             "tokenyard_router_time_to_first_token_seconds",
             "Time from the request's arrival to the first byte of the response sent to the client.",
-            ["model", "revision"],
+            ["namespace", "model", "revision"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
         self.e2e = Histogram(
             "tokenyard_router_request_duration_seconds",
             "Time from the request's arrival to the end of the response, as the client sees it.",
-            ["model", "revision"],
+            ["namespace", "model", "revision"],
             buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.inter_token = Histogram(
+            "tokenyard_router_inter_token_latency_seconds",
+            "Gaps between successive chunks carrying generated text, as the router relays a client's stream.",
+            ["namespace", "model", "revision"],
+            buckets=INTER_TOKEN_BUCKETS_S,
             registry=r,
         )
         self.decision = Histogram(
@@ -81,14 +112,30 @@ class RouterMetrics:
         self.shadow_requests = Counter(
             "tokenyard_router_shadow_requests_total",
             "Shadow copies sent, by revision and outcome (ok, error, dropped).",
-            ["model", "revision", "outcome"],
+            ["namespace", "model", "revision", "outcome"],
             registry=r,
         )
         self.shadow_duration = Histogram(
             "tokenyard_router_shadow_duration_seconds",
             "End-to-end latency of shadow copies, read to the end and discarded.",
-            ["model", "revision"],
+            ["namespace", "model", "revision"],
             buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.shadow_pairs = Counter(
+            "tokenyard_router_shadow_pairs_total",
+            "Shadowed requests whose primary and shadow copy both ended, by the shadow's revision and outcome "
+            "(both_ok, shadow_only_error, primary_only_error, both_error). A side errs when it ends with a "
+            "status >= 400, a broken stream, or (primary) a client that went away; a copy dropped before it "
+            "ran makes no pair.",
+            ["namespace", "model", "revision", "outcome"],
+            registry=r,
+        )
+        self.shadow_output_match = Counter(
+            "tokenyard_router_shadow_output_match_total",
+            "Greedy (temperature 0) shadowed requests where both sides succeeded, by the shadow's revision and "
+            "whether the full output texts were equal.",
+            ["namespace", "model", "revision", "match"],
             registry=r,
         )
         self.redis_up = Gauge(
@@ -115,13 +162,32 @@ class RouterMetrics:
             "tokenyard_router_in_flight_requests", "Client requests being served now.", registry=r
         )
 
-    def forget_replica(self, replica: str, revision: str) -> None:
-        for gauge in (self.outstanding_tokens, self.outstanding_requests, self.metrics_stale):
-            try:
-                gauge.remove(replica)
-            except KeyError:
-                pass
-        try:
-            self.replica_healthy.remove(replica, revision)
-        except KeyError:
-            pass
+        # Every metric with a replica label: a replica's series go when the replica goes.
+        self.replica_labelled = (
+            self.requests,
+            self.errors,
+            self.retries,
+            self.ejections,
+            self.outstanding_tokens,
+            self.outstanding_requests,
+            self.replica_healthy,
+            self.metrics_stale,
+        )
+
+    def forget_replica(self, replica: str) -> None:
+        """Drop every series labelled with this replica (it left discovery: its gauges would go stale)."""
+        if replica:
+            for metric in self.replica_labelled:
+                metric.remove_by_labels({"replica": replica})
+
+    def retain_replicas(self, known: set[str]) -> None:
+        """Drop the series of every replica not in ``known`` ('', errors before a replica was chosen, stays).
+        Level-based, so a request that ends on a replica after the replica left leaves no series behind."""
+        labelled = {
+            sample.labels.get("replica", "")
+            for metric in self.replica_labelled
+            for family in metric.collect()
+            for sample in family.samples
+        }
+        for replica in labelled - known - {""}:
+            self.forget_replica(replica)

@@ -165,7 +165,13 @@ async def test_retry_on_another_replica_and_ejection_of_a_dead_one(engines, rout
 async def test_client_disconnect_cancels_upstream_and_frees_accounting(engines, router, http):
     fleet = await engines(1, time_scale=1.0)
     server = await router(backends_of(fleet))
-    body = {"model": MODEL, "prompt": "tell me a long story", "max_tokens": 5000, "stream": True, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": "tell me a long story",
+        "max_tokens": 5000,
+        "stream": True,
+        "ignore_eos": True,
+    }
     response = await http.post(url(server, "/v1/completions"), json=body)
     await response.content.readany()
     assert server.state.ledger.load("e0").tokens > 0
@@ -182,7 +188,13 @@ async def test_all_replicas_saturated_answers_429_with_retry_after(engines, rout
     fleet = await engines(1, time_scale=1.0)
     settings = RouterSettings(saturation=SaturationLimits(max_outstanding_requests=1))
     server = await router(backends_of(fleet), settings=settings)
-    body = {"model": MODEL, "prompt": "hold the replica", "max_tokens": 5000, "stream": True, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": "hold the replica",
+        "max_tokens": 5000,
+        "stream": True,
+        "ignore_eos": True,
+    }
     holder = await http.post(url(server, "/v1/completions"), json=body)
     await holder.content.readany()
     status, headers, payload = await complete(http, server, "one more")

@@ -78,7 +78,8 @@ async def test_two_routers_share_prefixes_and_load_and_survive_redis_loss(
         await wait_for(await b_sees_load(True), 10, "router b to see a's outstanding tokens")
     except AssertionError as failure:
         seen = {
-            name: await r.metric(http, "tokenyard_router_outstanding_tokens", replica=held) for name, r in (("a", a), ("b", b))
+            name: await r.metric(http, "tokenyard_router_outstanding_tokens", replica=held)
+            for name, r in (("a", a), ("b", b))
         }
         raise AssertionError(f"{failure}; outstanding tokens on {held}: {seen}") from failure
     holder.close()

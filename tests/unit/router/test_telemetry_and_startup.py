@@ -1,0 +1,113 @@
+import random
+
+import pytest
+from tokenyard.router.__main__ import main
+from tokenyard.router.discovery import Endpoint, ModelView, models_from_cluster
+from tokenyard.router.prefix import hash_prompt
+from tokenyard.router.state import RouterState
+from tokenyard.router.telemetry import RouterMetrics
+from tokenyard.router.tokenizing import TokenizerCache, TokenizerUnavailable, load_tokenizer
+
+from .test_discovery import deployment, pod
+
+PROMPT = "You answer questions about invoices, carefully and briefly. " * 30
+
+
+def series(metrics: RouterMetrics, name: str) -> list[dict[str, str]]:
+    return [
+        sample.labels
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+def test_a_replica_that_leaves_takes_all_its_series_with_it():
+    metrics = RouterMetrics()
+    for replica in ("a", "b"):
+        metrics.requests.labels("ns", "m", "v1", replica, "200").inc()
+        metrics.errors.labels("ns", "m", "v1", replica, "503").inc()
+        metrics.retries.labels("m", replica).inc()
+        metrics.outstanding_tokens.labels(replica).set(5)
+        metrics.replica_healthy.labels(replica, "v1").set(1)
+    metrics.requests.labels("", "", "", "", "404").inc()  # no replica chosen: not a replica's series
+    metrics.forget_replica("a")
+    for name in ("tokenyard_router_requests_total", "tokenyard_router_outstanding_tokens"):
+        assert {labels.get("replica") for labels in series(metrics, name)} <= {"b", ""}
+    # a request that ended on "b" after it left re-creates its series; the level-based sweep removes it again
+    metrics.retain_replicas(set())
+    assert {labels["replica"] for labels in series(metrics, "tokenyard_router_requests_total")} == {""}
+    assert series(metrics, "tokenyard_router_replica_healthy") == []
+
+
+def test_namespace_comes_from_the_model_deployment_and_routes_carry_it():
+    dep = deployment()
+    dep["metadata"]["namespace"] = "team-a"
+    views = models_from_cluster([pod("a-0")], [dep])
+    assert views["llama"].namespace == "team-a"
+    state = RouterState(rng=random.Random(0))
+    state.set_models(views)
+    assert state.route("llama", "hi", 4, now=0).namespace == "team-a"
+    assert state.namespace_of("llama") == "team-a" and state.namespace_of("unknown") == ""
+
+
+def test_spec_routing_tokenizer_picks_token_blocks_and_unloadable_ones_fall_back():
+    dep = deployment()
+    dep["spec"]["routing"] = {"tokenizer": "sim"}
+    assert models_from_cluster([pod("a-0")], [dep])["llama"].tokenizer == "sim"
+    state = RouterState(rng=random.Random(0))
+    endpoints = (Endpoint("a", "http://a"),)
+    state.set_models({"tok": ModelView("tok", endpoints, tokenizer="sim:200000")})
+    by_tokens = state.route("tok", PROMPT, 4, now=0)
+    assert by_tokens.prompt_tokens == len(load_tokenizer("sim:200000")(PROMPT))
+    state.set_models({"tok": ModelView("tok", endpoints, tokenizer="meta-llama/Llama-3.1-8B")})
+    by_chars = state.route("tok", PROMPT, 4, now=1)
+    assert by_chars.prompt_tokens == hash_prompt(PROMPT).prompt_tokens != by_tokens.prompt_tokens
+
+
+def test_tokenizer_specs_that_need_a_download_are_refused_once():
+    calls = []
+
+    def loader(spec):
+        calls.append(spec)
+        raise TokenizerUnavailable(spec)
+
+    cache = TokenizerCache(loader)
+    assert cache.get("org/model") is None and cache.get("org/model") is None and cache.get(None) is None
+    assert calls == ["org/model"]
+    with pytest.raises(TokenizerUnavailable, match="downloads nothing"):
+        load_tokenizer("meta-llama/Llama-3.1-8B")
+    with pytest.raises(TokenizerUnavailable, match="vocab_size"):
+        load_tokenizer("sim:3")
+
+
+def test_an_unreadable_kubeconfig_stops_the_router_with_a_message_naming_it(tmp_path, capsys):
+    missing = tmp_path / "missing.yaml"
+    assert main(["--kubeconfig", str(missing)]) == 1
+    assert f"kubeconfig {missing} cannot be loaded: no such file" in capsys.readouterr().err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("clusters: [\n")
+    assert main(["--kubeconfig", str(broken)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"kubeconfig {broken} cannot be loaded" in err and "\n" not in err
+
+
+def test_an_unreachable_api_server_stops_the_router(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on: the connection is refused at once
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{port}"}}}}]
+users: [{{name: u, user: {{token: t}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u, namespace: ns}}}}]
+current-context: x
+"""
+    )
+    assert main(["--kubeconfig", str(kubeconfig), "--port", "0", "--metrics-port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert f"Kubernetes API server at https://127.0.0.1:{port}" in err and "unreachable" in err
