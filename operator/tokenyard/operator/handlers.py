@@ -37,6 +37,7 @@ from tokenyard.operator.groups import (
     reusable_nodes,
 )
 from tokenyard.operator.manifests import GroupNames, planned_node, pod_manifest, selector, service_manifest
+from tokenyard.operator.pacing import delay_before_reconcile
 from tokenyard.operator.placement import (
     BEST_FIT,
     SPREAD,
@@ -226,8 +227,10 @@ async def run_deployment(
 ) -> None:
     key = (namespace, name)
     wake = RUNTIME.wakeup(key)
+    loop = asyncio.get_running_loop()
     while not stopped:
         wake.clear()
+        last_started = loop.time()
         try:
             await reconcile(name, namespace, body, engine_pods.get(key, []), pod_gpus, nodes.get(None, []), logger)
         except ApiException as e:
@@ -243,8 +246,7 @@ async def run_deployment(
             await asyncio.wait_for(wake.wait(), timeout=RESYNC_SECONDS)
         except TimeoutError:
             pass
-        # Coalesce bursts of pod events (a group's pods change together) into one reconcile.
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(delay_before_reconcile(loop.time(), last_started))
     RUNTIME.wakeups.pop(key, None)
     RUNTIME.shapes.pop(key, None)
     metrics.forget_deployment(namespace, name)
