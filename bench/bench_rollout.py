@@ -37,6 +37,16 @@ so that detection is compared at the same false-rollback rate. All rules look ev
 
 Every tuning favours the threshold rules: it is done on the same rollouts it is measured on.
 
+* ``sprt_known_baseline``, a reference row: Wald's SPRT of the canary alone, told the usual day's error
+  ratio, for a canary at exactly 2× (the best a sequential test can do at 2× when the baseline is known).
+  What it needs beyond the oracle threshold for 2× is nothing; what tokenyard needs beyond it is the price
+  of judging the canary against the stable revision measured at the same time (with a 20% canary share,
+  1 + 0.2/0.8 = 1.25× the requests for the same information) and of a prior that also covers 1.5×.
+  It rolls back most A/A rollouts on the day the baseline moves.
+
+The false-rollback rates come with their standard errors (``*_se``); the A/A populations are larger
+than the others for that reason.
+
 Run: ``make bench-rollout`` (or ``BENCH_QUICK=1 python bench/bench_rollout.py`` for a shorter run).
 """
 
@@ -55,7 +65,10 @@ from tokenyard.operator.analysis import AnalysisSettings, Decision, ProportionCo
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 SEED = 20261202
-ROLLOUTS = 1000 if QUICK else 4000  # per population
+ROLLOUTS = 1000 if QUICK else 4000  # per population with a bad canary
+# A/A populations are larger: the false-rollback rate is compared with α, so its standard error
+# (sqrt(r(1 − r)/n), reported beside it) must be small: about 0.0023 at r = 0.045 with 8000.
+AA_ROLLOUTS = 2000 if QUICK else 8000
 TUNE_ROLLOUTS = 1000
 TUNE_WINDOWS_LOOKS = (1, 2, 4, 10)  # metric query windows of 30 s, 1 m, 2 m, 5 m
 LOOK_SECONDS = 30
@@ -97,14 +110,14 @@ class Rollout:
     stable_failures: list[int]
 
 
-def simulate(population_seed: int, p_stable: float, p_canary: float) -> list[Rollout]:
+def simulate(population_seed: int, p_stable: float, p_canary: float, rollouts: int) -> list[Rollout]:
     rng = random.Random(population_seed)
     return [
         Rollout(
             [binomial(rng, CANARY_PER_LOOK, p_canary) for _ in range(LOOKS)],
             [binomial(rng, STABLE_PER_LOOK, p_stable) for _ in range(LOOKS)],
         )
-        for _ in range(ROLLOUTS)
+        for _ in range(rollouts)
     ]
 
 
@@ -125,6 +138,22 @@ def tokenyard_rollback_look(rollout: Rollout, settings: AnalysisSettings) -> int
         )
         if verdict.decision is Decision.FAIL:
             return n
+    return None
+
+
+def known_baseline_rollback_look(rollout: Rollout, p0: float, ratio: float) -> int | None:
+    """A reference, not a peer: Wald's SPRT of the canary alone, told the stable error ratio ``p0``, for a
+    canary at ``ratio``× it (H0: p = p0 against p = ratio·p0, exact Bernoulli likelihood ratio, rollback
+    at log(1/α)). At the alternative it tests, no test with its error rates needs fewer requests on
+    average (Wald and Wolfowitz): it prices not knowing the baseline. It cannot hold its false-rollback
+    rate on the day the baseline moves."""
+    up, down = math.log(ratio), math.log1p(-ratio * p0) - math.log1p(-p0)
+    failures = 0
+    for look in range(LOOKS):
+        failures += rollout.canary_failures[look]
+        n = (look + 1) * CANARY_PER_LOOK
+        if failures * up + (n - failures) * down >= math.log(1.0 / ALPHA):
+            return look + 1
     return None
 
 
@@ -177,11 +206,17 @@ def summarise(looks_by_population: dict[str, list[int | None]]) -> dict:
 
     def rolled_back(key: str) -> float:
         looks = looks_by_population[key]
-        return round(sum(x is not None for x in looks) / len(looks), 4)
+        return sum(x is not None for x in looks) / len(looks)
+
+    def standard_error(key: str) -> float:
+        rate = rolled_back(key)
+        return round(math.sqrt(rate * (1 - rate) / len(looks_by_population[key])), 4)
 
     figures: dict = {
-        "false_rollback_rate": rolled_back("aa"),
-        "false_rollback_rate_baseline_shifted": rolled_back("aa_shifted"),
+        "false_rollback_rate": round(rolled_back("aa"), 4),
+        "false_rollback_rate_se": standard_error("aa"),
+        "false_rollback_rate_baseline_shifted": round(rolled_back("aa_shifted"), 4),
+        "false_rollback_rate_baseline_shifted_se": standard_error("aa_shifted"),
     }
     for key in ("1_5x", "2x"):
         looks = looks_by_population[key]
@@ -334,7 +369,10 @@ def fmt(value) -> str:
 
 def main() -> int:
     started = time.perf_counter()
-    populations = {key: simulate(SEED + i, *rates) for i, (key, rates) in enumerate(POPULATIONS.items())}
+    populations = {
+        key: simulate(SEED + i, *rates, AA_ROLLOUTS if key.startswith("aa") else ROLLOUTS)
+        for i, (key, rates) in enumerate(POPULATIONS.items())
+    }
     settings = AnalysisSettings(alpha=ALPHA, min_requests=200)  # the defaults otherwise
 
     tokenyard = summarise(
@@ -356,9 +394,18 @@ def main() -> int:
             key = "tuned_at_same_false_rollback_rate" if kind == "tuned" else f"{kind}_known_baseline"
             results[rule.name][key] = tuned
             rows.append((f"{rule.name} {ROW_NAMES[kind]}", tuned))
+    known = summarise(
+        {
+            key: [known_baseline_rollback_look(r, BASE_ERROR_RATIO, 2.0) for r in rs]
+            for key, rs in populations.items()
+        }
+    )
+    known.update(baseline_error_ratio=BASE_ERROR_RATIO, alternative_ratio=2.0)
+    results["sprt_known_baseline"] = known
+    rows.append(("reference: SPRT, known baseline", known))
 
     print(
-        f"rollout analysis: {ROLLOUTS} rollouts per population, {LOOKS} looks of {REQUESTS_PER_LOOK} requests "
+        f"rollout analysis: {AA_ROLLOUTS} A/A and {ROLLOUTS} bad-canary rollouts per population, {LOOKS} looks of {REQUESTS_PER_LOOK} requests "
         f"({CANARY_PER_LOOK} to the canary), baseline error ratio {BASE_ERROR_RATIO:.1%}, seed {SEED}"
     )
     header = (
@@ -368,7 +415,9 @@ def main() -> int:
     print(header)
     print("-" * len(header))
     for name, f in rows:
-        if "max_error_ratio" in f:
+        if "alternative_ratio" in f:
+            setting = f"canary alone, told {f['baseline_error_ratio']:.2%}, point {f['alternative_ratio']:g}×"
+        elif "max_error_ratio" in f:
             parameter = "failureLimit" if "failureLimit" in f else "threshold"
             error = "err-stable" if f["versus_stable"] else "err"
             setting = f"{error}>{f['max_error_ratio']:.2%} over {f['window_s']}s, {parameter}={f[parameter]}"
@@ -383,6 +432,11 @@ def main() -> int:
     print(
         "req = median canary requests served before the rollback (the canary gets 20% of 20 requests/s);\n"
         "caught = share of bad canaries rolled back within the hour; false rb = A/A rollouts rolled back."
+    )
+    print(
+        f"tokenyard false rb {tokenyard['false_rollback_rate']:.4f} ± {tokenyard['false_rollback_rate_se']:.4f} "
+        f"(base 1.5%: {tokenyard['false_rollback_rate_baseline_shifted']:.4f} ± "
+        f"{tokenyard['false_rollback_rate_baseline_shifted_se']:.4f}) against α = {ALPHA}"
     )
     print(f"elapsed {time.perf_counter() - started:.1f} s", file=sys.stderr)
     print(json.dumps({"bench": "rollout", "results": results}))

@@ -365,6 +365,28 @@ def _too_little(
     return MetricVerdict(metric, decision, None, settings.threshold, reason, *counts)
 
 
+def _proportion_alternatives(
+    settings: AnalysisSettings, events: float, n_c: float, n_s: float, floor: float
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The alternatives θ_k = p_c − (r·p_s + a) of the proportion test, each placed where its effect says.
+
+    An effect e means "the canary at (1 + e)× the margin's bound r·p_s + a". Under that alternative the
+    bad requests of both revisions, ``events`` in all, are explained by a stable rate
+    p_s,e = (events − n_c(1+e)·a) / (n_c(1+e)·r + n_s), so θ_e = e·(r·p_s,e + a). Scaling every effect
+    by the rate re-estimated under the null (both revisions at the bound) instead would count the
+    canary's own extra failures in the bound: at a 20% canary share, "2×" would sit at 2.2× the stable
+    rate (2.5× at 50%), and the test would be slowest for the degradations it claims to catch first.
+    """
+    rel, abs_ = settings.margin.relative, settings.margin.absolute
+    effects, weights = settings.alternatives(1.0)
+    thetas = []
+    for e in effects:
+        p_s = (events - n_c * (1 + e) * abs_) / (n_c * (1 + e) * rel + n_s)
+        p_s = min(1.0 - floor, max(floor, p_s))
+        thetas.append(e * (rel * p_s + abs_))
+    return tuple(thetas), weights
+
+
 def compare_proportions(
     metric: str,
     canary: ProportionCounts,
@@ -379,7 +401,9 @@ def compare_proportions(
     θ = p_c − (r·p_s + a) is estimated by p̂_c − r·p̂_s − a. Its variance is taken at the null boundary
     θ = 0 (the rates re-estimated under that constraint, as a score test does) rather than at the raw
     estimates: with few events the raw estimate of a small rate is often 0, and a variance of 0 would make
-    a single failure look decisive.
+    a single failure look decisive. The alternatives mixed over are the canary at 1.5×, 1.75×, 2× (...)
+    the margin's bound of the stable rate, each with the rates re-estimated under it
+    (``_proportion_alternatives``).
     """
     if _bad_number(canary.requests, canary.events, stable.requests, stable.events):
         reason = f"{metric}: a count is missing or not a number (canary {canary}, stable {stable})"
@@ -401,7 +425,7 @@ def compare_proportions(
     p_s0 = min(1.0 - floor, max(floor, (f_c + f_s - n_c * abs_) / (n_c * rel + n_s)))
     p_c0 = min(1.0 - floor, max(floor, rel * p_s0 + abs_))
     variance = p_c0 * (1 - p_c0) / n_c + rel * rel * p_s0 * (1 - p_s0) / n_s
-    alternatives = settings.alternatives(p_c0)
+    alternatives = _proportion_alternatives(settings, f_c + f_s, n_c, n_s, floor)
     worse = gaussian_alternatives_log_lr(estimate, variance, *alternatives)
     within = gaussian_alternatives_log_lr(-estimate, variance, *alternatives)
     # A count of rare events is skewed to the right, so a handful of them looks more surprising to the

@@ -15,6 +15,7 @@ from tokenyard.operator.analysis import (
     MetricInput,
     PairedCounts,
     ProportionCounts,
+    _proportion_alternatives,
     binomial_mixture_log_lr,
     compare_means,
     compare_paired,
@@ -213,6 +214,33 @@ def test_bad_margins_are_rejected():
 
 
 # --- the statistics ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("margin", "canary", "stable", "effect"),
+    [
+        # 2× the stable error ratio at a 20% canary share: the effect-1.0 alternative is the observed gap
+        (Margin(), ProportionCounts(1000, 20), ProportionCounts(4000, 40), 1.0),
+        # 1.5× a bound of 1.5·1% + 0.5% = 2%: the effect-0.5 alternative is 1% above the bound
+        (Margin(relative=1.5, absolute=0.005), ProportionCounts(1000, 30), ProportionCounts(4000, 40), 0.5),
+    ],
+)
+def test_proportion_alternatives_sit_at_the_ratios_they_name(margin, canary, stable, effect):
+    """An effect e is the canary at (1+e)× the margin's bound of the stable rate, not (1+e)× the rate
+    pooled over both revisions (which counts the canary's own extra failures: 2.2× at a 20% share)."""
+    settings_ = AnalysisSettings(alpha=ALPHA, margin=margin, min_requests=200)
+    thetas, weights = _proportion_alternatives(
+        settings_, canary.events + stable.events, canary.requests, stable.requests, floor=1e-6
+    )
+    effects, _ = settings_.alternatives(1.0)
+    theta = thetas[effects.index(effect)]
+    observed = canary.events / canary.requests - (
+        margin.relative * stable.events / stable.requests + margin.absolute
+    )
+    assert theta == pytest.approx(observed)
+    assert len(thetas) == len(weights) and all(t > 0 for t in thetas)
+    by_effect = [t for _, t in sorted(zip(effects, thetas, strict=True))]
+    assert by_effect == sorted(by_effect)  # a larger effect, a larger gap
 
 
 @given(
