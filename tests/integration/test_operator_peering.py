@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 from kubernetes import client
@@ -82,6 +83,7 @@ def test_two_replicas_run_one_at_a_time_and_the_standby_takes_over_after_a_kill(
         assert handled not in _since_last_pause(standby.log())
 
         active.stop(sig=signal.SIGKILL)
+        killed_at = time.monotonic()
         custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pair", {"spec": {"replicas": 4}})
         pods = wait_for(
             _groups_ready(custom, core, namespace, 4),
@@ -89,6 +91,8 @@ def test_two_replicas_run_one_at_a_time_and_the_standby_takes_over_after_a_kill(
             what="the standby to take over and scale to 4 groups",
         )
         assert len({p.metadata.labels[labels.GROUP_INDEX] for p in pods}) == 4
+        # Not before the dead replica's record ran out (its last keep-alive may be up to a second old).
+        assert time.monotonic() - killed_at >= LIFETIME_SECONDS - 1.5
         assert "Resuming operations" in standby.log()
     finally:
         active.stop()

@@ -81,23 +81,27 @@ def signal_names(spec: InferenceAutoscalerSpec) -> list[str]:
     return [k if kinds.count(k) == 1 else f"{k}-{i}" for i, k in enumerate(kinds)]
 
 
-def policy_config_from_spec(spec: InferenceAutoscalerSpec) -> PolicyConfig:
-    """The CRD's spec as the policy's configuration.
+def effective_panic_window(spec: InferenceAutoscalerSpec) -> tuple[int, str]:
+    """The panic window the policy runs with, and a warning when it differs from the spec's.
 
-    The CRD's CEL rules reject the windows below at admission; they are checked here too, for objects stored
-    before those rules existed, so that such an object is reported as InvalidSpec instead of scaled on a panic
-    window that cannot hold a second sample.
+    The CRD's CEL rules keep the panic window between intervalSeconds and stableWindowSeconds, but objects
+    stored before those rules existed (the old defaults were interval 15 s, panic 6 s) still reach the
+    controller. Refusing them would stop their autoscaling on an upgrade; instead the window is brought inside
+    the bounds (a panic window shorter than the interval holds at most one sample) and the user is told.
     """
-    if spec.panic_window_seconds < spec.interval_seconds:
-        raise ValueError(
-            f"spec.panicWindowSeconds ({spec.panic_window_seconds}) must be at least spec.intervalSeconds "
-            f"({spec.interval_seconds}): each decision takes one sample, so a shorter panic window holds at most one"
-        )
-    if spec.panic_window_seconds > spec.stable_window_seconds:
-        raise ValueError(
-            f"spec.panicWindowSeconds ({spec.panic_window_seconds}) must not exceed spec.stableWindowSeconds "
-            f"({spec.stable_window_seconds})"
-        )
+    panic = min(max(spec.panic_window_seconds, spec.interval_seconds), spec.stable_window_seconds)
+    if panic == spec.panic_window_seconds:
+        return panic, ""
+    return panic, (
+        f"spec.panicWindowSeconds ({spec.panic_window_seconds}) must lie between spec.intervalSeconds "
+        f"({spec.interval_seconds}) and spec.stableWindowSeconds ({spec.stable_window_seconds}); "
+        f"running with {panic} s until the spec is fixed"
+    )
+
+
+def policy_config_from_spec(spec: InferenceAutoscalerSpec) -> PolicyConfig:
+    """The CRD's spec as the policy's configuration (the panic window brought inside its bounds)."""
+    panic_window, _ = effective_panic_window(spec)
     return PolicyConfig(
         signals=tuple(
             SignalSpec(name, SignalKind(s.kind.value), s.target)
@@ -106,7 +110,7 @@ def policy_config_from_spec(spec: InferenceAutoscalerSpec) -> PolicyConfig:
         min_groups=spec.min_replicas,
         max_groups=spec.max_replicas,
         stable_window_seconds=spec.stable_window_seconds,
-        panic_window_seconds=spec.panic_window_seconds,
+        panic_window_seconds=panic_window,
         panic_threshold=spec.panic_threshold,
         tolerance=spec.tolerance,
         scale_up_limit=RateLimit(spec.scale_up.max_groups, 0.0, spec.scale_up.period_seconds),
@@ -500,6 +504,10 @@ class AutoscalerController:
                 last_written=tracked.last_written if tracked else None,
             )
             self._tracked[key] = tracked
+            _, window_warning = effective_panic_window(spec)
+            if window_warning:
+                log.warning("%s/%s: %s", namespace, name, window_warning)
+                await self._event(obj, None, "WindowAdjusted", window_warning, warning=True)
         if now < tracked.next_due:
             return
         tracked.next_due = now + spec.interval_seconds

@@ -479,9 +479,11 @@ def compare_means(
     rel, abs_ = settings.margin.relative, settings.margin.absolute
     estimate = canary.mean - rel * stable.mean - abs_
     variance = canary.variance / canary.count + rel * rel * stable.variance / stable.count
-    bound = max(rel * stable.mean + abs_, math.sqrt(stable.variance), 1e-12)  # the canary mean it allows
-    variance = max(variance, (1e-9 * bound) ** 2)  # identical constant samples: keep the ratio finite
-    alternatives = settings.alternatives(bound)
+    # The scale the effects are multiples of: the canary mean the margin allows, or the stable revision's
+    # standard deviation when that is larger (a mean near 0 would otherwise make every effect tiny).
+    scale = max(rel * stable.mean + abs_, math.sqrt(stable.variance), 1e-12)
+    variance = max(variance, (1e-9 * scale) ** 2)  # identical constant samples: keep the ratio finite
+    alternatives = settings.alternatives(scale)
     worse = gaussian_alternatives_log_lr(estimate, variance, *alternatives)
     within = gaussian_alternatives_log_lr(-estimate, variance, *alternatives)
     comparison = (

@@ -15,8 +15,8 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -178,9 +178,11 @@ class PrometheusAnalysis:
                 Decision.INCONCLUSIVE, "no Prometheus configured for the analysis (--prometheus-url)", ()
             )
         scope = QueryScope(model, namespace, f"{max(1, math.ceil(now - since))}s")
-        metrics = spec.rollout.analysis.metrics or [
-            AnalysisMetric(name="errors", kind=AnalysisMetricKind.ERROR_RATIO)
-        ]
+        metrics, skipped = metrics_for_step(spec.rollout.analysis.metrics, shadow)
+        problems = query_problems(metrics)
+        if problems:
+            # The user's query is wrong, not Prometheus: say so, and wait (paused) for a fixed spec.
+            return AnalysisResult(Decision.INCONCLUSIVE, "; ".join(problems), ())
         inputs = []
         try:
             async with aiohttp.ClientSession(timeout=self.timeout) as session:
@@ -190,7 +192,11 @@ class PrometheusAnalysis:
             return AnalysisResult(
                 Decision.INCONCLUSIVE, f"Prometheus at {self.url} unreachable or failing: {e}", ()
             )
-        return evaluate(inputs, _settings(spec), final=final)
+        result = evaluate(inputs, _settings(spec), final=final)
+        if skipped:
+            note = f"{', '.join(skipped)}: not measured in a shadow step (the router times only what clients see)"
+            result = replace(result, reason=f"{result.reason}; {note}")
+        return result
 
     async def _measure(
         self, session, metric: AnalysisMetric, scope: QueryScope, stable, canary, shadow
@@ -405,6 +411,40 @@ def mean_sample(count: float | None, total: float | None, cumulative: Mapping[fl
         tail_mean = max(low, (total - sum_below) / above)
         squares += above * (tail_mean - mean) ** 2
     return MeanSample(count, mean, squares / count)
+
+
+LATENCY_KINDS = (AnalysisMetricKind.TTFT_OVER_SLO, AnalysisMetricKind.INTER_TOKEN_LATENCY)
+QUERY_NAMES = ("revision", "window", "model", "namespace")  # the $names a PromQL analysis query may use
+
+
+def metrics_for_step(
+    configured: Sequence[AnalysisMetric], shadow: bool
+) -> tuple[list[AnalysisMetric], list[str]]:
+    """The metrics a step judges, and the names of those it cannot. A shadow step's canary answers copies the
+    client never sees, so their time to first token and inter-token latency are not measured: comparing them
+    with the stable revision's would compare two different things. What remains of a shadow step is judged
+    on its copies' errors."""
+    metrics = list(configured) or [AnalysisMetric(name="errors", kind=AnalysisMetricKind.ERROR_RATIO)]
+    if not shadow:
+        return metrics, []
+    kept = [m for m in metrics if m.kind not in LATENCY_KINDS]
+    skipped = [m.name for m in metrics if m.kind in LATENCY_KINDS]
+    return kept or [AnalysisMetric(name="errors", kind=AnalysisMetricKind.ERROR_RATIO)], skipped
+
+
+def query_problems(metrics: Sequence[AnalysisMetric]) -> list[str]:
+    """What is wrong with the PromQL queries of the analysis metrics, each naming its metric."""
+    problems = []
+    placeholders = {name: "" for name in QUERY_NAMES}
+    for metric in metrics:
+        if metric.kind != AnalysisMetricKind.PROMQL:
+            continue
+        for query in (metric.bad_query, metric.total_query):
+            try:
+                substitute(query or "", placeholders)
+            except ValueError as e:
+                problems.append(f"analysis metric {metric.name}: {e}")
+    return problems
 
 
 def substitute(query: str, values: Mapping[str, str]) -> str:

@@ -34,7 +34,7 @@ from tokenyard.operator.groups import (
     decide,
     decide_targets,
     next_indices,
-    reusable_nodes,
+    return_to_previous_nodes,
 )
 from tokenyard.operator.manifests import GroupNames, planned_node, pod_manifest, selector, service_manifest
 from tokenyard.operator.pacing import delay_before_reconcile
@@ -554,18 +554,15 @@ async def _create_groups(
             for n in _current_nodes(dead_pods)
             if n.eligible and (not spec.placement.gpu_product or n.gpu_product == spec.placement.gpu_product)
         }
-        to_plan = []
-        returning = [g.recorded_nodes for g in dead_groups if len(g.recorded_nodes) == par.pods_per_group]
+        previous = [g.recorded_nodes for g in dead_groups if len(g.recorded_nodes) == par.pods_per_group]
+        returned, fresh = return_to_previous_nodes(indices, previous, free, par.pod_gpus)
         for index, request in zip(indices, requests, strict=True):
-            nodes = reusable_nodes(returning[0], free, par.pod_gpus) if returning else None
-            if nodes is None:
-                to_plan.append((index, request))
-                continue
-            returning.pop(0)
-            for node in nodes:
-                free[node] -= par.pod_gpus
-            placed.append((index, Assignment(request.key, nodes, par.pod_gpus, spec.placement.gpu_product or "", RETURNED)))
-            _reserve(name, namespace, revision, index, nodes, par.pod_gpus)
+            if index in returned:
+                nodes = returned[index]
+                product = spec.placement.gpu_product or ""
+                placed.append((index, Assignment(request.key, nodes, par.pod_gpus, product, RETURNED)))
+                _reserve(name, namespace, revision, index, nodes, par.pod_gpus)
+        to_plan = [(index, request) for index, request in zip(indices, requests, strict=True) if index in fresh]
         shapes = {*RUNTIME.shapes.values(), *(r.shape for r in requests)}
         result = plan(_current_nodes(dead_pods), [r for _, r in to_plan], levels, shapes_in_use=list(shapes))
         metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
@@ -580,9 +577,14 @@ async def _create_groups(
             *(_create_group(body, spec, GroupNames(name, namespace, revision, i), a) for i, a in placed),
             return_exceptions=True,
         )
+    first_error: BaseException | None = None
     for (index, assignment), outcome in zip(placed, outcomes, strict=True):
         if isinstance(outcome, BaseException):
-            raise outcome
+            # Its GPUs must not stay reserved for a group that was not made (pods that were made are in the
+            # index and count there); the next reconcile places it again.
+            _release(name, namespace, revision, index, len(assignment.nodes))
+            first_error = first_error or outcome
+            continue
         where = (
             "back on the nodes of the group it replaces"
             if assignment.level == RETURNED
@@ -592,14 +594,15 @@ async def _create_groups(
         kopf.info(body, reason="GroupPlaced", message=message)
     problems = [u.reason for u in result.unplaceable]
     key = (namespace, name)
-    if problems:
-        message = f"{len(problems)} group(s) cannot be placed: {problems[0]}"
-        if RUNTIME.last_capacity_message.get(key) != message:
-            kopf.warn(body, reason="InsufficientCapacity", message=message)
-            RUNTIME.last_capacity_message[key] = message
-        return message
-    RUNTIME.last_capacity_message.pop(key, None)
-    return None
+    message = f"{len(problems)} group(s) cannot be placed: {problems[0]}" if problems else None
+    if message is None:
+        RUNTIME.last_capacity_message.pop(key, None)
+    elif RUNTIME.last_capacity_message.get(key) != message:
+        kopf.warn(body, reason="InsufficientCapacity", message=message)
+        RUNTIME.last_capacity_message[key] = message
+    if first_error is not None:
+        raise first_error
+    return message
 
 
 RETURNED = "returned"  # Assignment.level of a recreated gang put back on its previous nodes
@@ -609,6 +612,12 @@ def _reserve(name: str, namespace: str, revision: str, index: int, nodes: tuple[
     names = GroupNames(name, namespace, revision, index)
     for rank, node in enumerate(nodes):
         RUNTIME.reservations[names.pod(rank)] = (node, gpus_per_pod, time.time())
+
+
+def _release(name: str, namespace: str, revision: str, index: int, pods: int) -> None:
+    names = GroupNames(name, namespace, revision, index)
+    for rank in range(pods):
+        RUNTIME.reservations.pop(names.pod(rank), None)
 
 
 _node_source: dict[str, Any] = {}

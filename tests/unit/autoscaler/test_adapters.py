@@ -4,7 +4,6 @@ controller's pass against in-memory fakes of the Kubernetes API and Prometheus."
 import asyncio
 import copy
 import math
-import re
 import shutil
 import subprocess
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ from tokenyard.autoscaler.controller import (
     AutoscalerMetrics,
     LeaseElector,
     decision_conditions,
+    effective_panic_window,
     policy_config_from_spec,
     target_counts,
 )
@@ -129,16 +129,24 @@ def test_spec_maps_onto_the_policy_configuration():
 
 
 @pytest.mark.parametrize(
-    "windows, words",
+    "windows, runs_with, words",
     [
-        ({"intervalSeconds": 15, "panicWindowSeconds": 6}, "spec.panicWindowSeconds (6) must be at least"),
-        ({"stableWindowSeconds": 30, "panicWindowSeconds": 40}, "must not exceed spec.stableWindowSeconds"),
+        # The old CRD defaults, stored in every object created before the CEL rules existed.
+        ({"intervalSeconds": 15, "panicWindowSeconds": 6}, 15, "spec.panicWindowSeconds (6) must lie between"),
+        ({"stableWindowSeconds": 30, "panicWindowSeconds": 40}, 30, "spec.stableWindowSeconds (30)"),
+        ({"intervalSeconds": 5, "panicWindowSeconds": 10}, 10, None),
     ],
 )
-def test_windows_the_crd_rejects_are_invalid_for_the_policy_too(windows, words):
-    # Objects stored before the CRD's CEL rules existed reach the controller: it must name the field.
-    with pytest.raises(ValueError, match=re.escape(words)):
-        policy_config_from_spec(InferenceAutoscalerSpec.parse({**SPEC, **windows}))
+def test_windows_the_crd_rejects_are_brought_inside_their_bounds_and_named(windows, runs_with, words):
+    # Objects stored before the CRD's CEL rules existed reach the controller: keep scaling them, and say why
+    # the window differs from the spec.
+    spec = InferenceAutoscalerSpec.parse({**SPEC, **windows})
+    panic, warning = effective_panic_window(spec)
+    assert panic == runs_with == policy_config_from_spec(spec).panic_window_seconds
+    if words is None:
+        assert warning == ""
+    else:
+        assert words in warning and f"running with {runs_with} s" in warning
 
 
 def test_target_counts_read_ready_groups_and_a_full_cluster():

@@ -4,15 +4,17 @@ import asyncio
 import random
 
 import pytest
-from tokenyard.core.types import AnalysisMetric, AnalysisMetricKind
+from tokenyard.core.types import AnalysisMetric, AnalysisMetricKind, ModelDeploymentSpec
 from tokenyard.operator.analysis import AnalysisResult, Decision, PairedCounts
 from tokenyard.operator.canary import (
     PrometheusAnalysis,
     QueryScope,
     inter_token_latency_queries,
     mean_sample,
+    metrics_for_step,
     paired_counts,
     proportion_queries,
+    query_problems,
     shadow_pair_queries,
     shadow_request_queries,
     substitute,
@@ -251,3 +253,35 @@ def test_a_promql_metric_runs_its_two_queries_per_revision():
     assert (measured.canary.requests, measured.canary.events) == (250, 5)
     assert (measured.stable.requests, measured.stable.events) == (1000, 20)
     assert 'sum(increase(my_errors{rev="rev-b",ns="team-a"}[300s]))' in prometheus.asked
+
+
+def test_a_shadow_step_leaves_out_the_latencies_it_cannot_measure():
+    ttft = AnalysisMetric(name="ttft", kind=AnalysisMetricKind.TTFT_OVER_SLO, slo_seconds=1.0)
+    itl = AnalysisMetric(name="itl", kind=AnalysisMetricKind.INTER_TOKEN_LATENCY)
+    errors = AnalysisMetric(name="errs", kind=AnalysisMetricKind.ERROR_RATIO)
+    assert metrics_for_step([ttft, itl, errors], shadow=False) == ([ttft, itl, errors], [])
+    assert metrics_for_step([ttft, itl, errors], shadow=True) == ([errors], ["ttft", "itl"])
+    kept, skipped = metrics_for_step([ttft], shadow=True)  # nothing left: the copies' errors are judged
+    assert [m.kind for m in kept] == [AnalysisMetricKind.ERROR_RATIO] and skipped == ["ttft"]
+
+
+def test_a_promql_query_with_an_unknown_name_is_reported_as_the_users_mistake():
+    metric = AnalysisMetric(
+        name="custom", kind=AnalysisMetricKind.PROMQL, bad_query="sum(x{rev=\"$rev\"})", total_query="sum(y)"
+    )
+    assert query_problems([metric]) == [
+        "analysis metric custom: unknown $rev in the analysis query 'sum(x{rev=\"$rev\"})' "
+        "(known: model, namespace, revision, window)"
+    ]
+    spec = ModelDeploymentSpec.parse(
+        {
+            "model": {"weights": {"uri": "hf://org/m"}},
+            "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+            "rollout": {"analysis": {"metrics": [metric.dump()]}},
+        }
+    )
+    prometheus = CannedPrometheus({})
+    result = asyncio.run(prometheus.judge(spec, "m", "ns", "rev-a", "rev-b", 0, 60, False, False))
+    assert result.decision is Decision.INCONCLUSIVE
+    assert "analysis metric custom: unknown $rev" in result.reason and "unreachable" not in result.reason
+    assert prometheus.asked == []  # nothing was sent

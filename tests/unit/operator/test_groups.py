@@ -116,3 +116,23 @@ def test_a_recreated_gang_returns_to_its_nodes_only_when_they_still_have_the_gpu
     assert reusable_nodes(("n3", "n3"), free, 4) is None
     assert reusable_nodes(("n1", ""), free, 8) is None  # a rank whose node was never recorded
     assert reusable_nodes((), free, 8) is None
+
+
+def test_replacements_skip_a_node_set_that_no_longer_fits_and_return_the_others_home():
+    from tokenyard.operator.groups import return_to_previous_nodes
+
+    free = {"a": 0, "b": 8, "c": 8, "d": 8}  # someone took node a after group 0 died
+    returned, fresh = return_to_previous_nodes([5, 6, 7], [("a",), ("b",), ("c",)], free, 8)
+    # Before: index 5 kept retrying ("a",), so 6 and 7 never got back to b and c.
+    assert returned == {5: ("b",), 6: ("c",)}
+    assert fresh == [7]
+    assert free["b"] == 8  # the caller's view is not changed
+
+
+def test_two_replacements_do_not_return_to_the_same_gpus():
+    from tokenyard.operator.groups import return_to_previous_nodes
+
+    # Both dead groups ran on node a, which has room for one of them now.
+    returned, fresh = return_to_previous_nodes([1, 2], [("a",), ("a",)], {"a": 4}, 4)
+    assert returned == {1: ("a",)}
+    assert fresh == [2]
