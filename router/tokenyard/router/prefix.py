@@ -10,6 +10,8 @@ in an LRU whose capacity is the replica's KV capacity in blocks (``vllm:cache_co
 from __future__ import annotations
 
 import hashlib
+import sys
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +41,22 @@ def _chain(parent: int, payload: bytes) -> int:
     return int.from_bytes(digest, "little")
 
 
+# A 4-byte unsigned array typecode: token ids are packed as 4 little-endian bytes each.
+_U32 = next(code for code in "IL" if array(code).itemsize == 4)
+
+
+def token_bytes(ids: Sequence[int]) -> bytes:
+    """Token ids as 4 little-endian bytes each (raises OverflowError outside 0..2**32-1).
+
+    Why an array: packing one id at a time with ``int.to_bytes`` was 40% of hash_prompt and ~12% of the
+    router's CPU under bench-router's closed loop (py-spy); the array packs a whole prompt in C. The bytes are
+    the same on every machine, so peers sharing prefix hashes through Redis agree."""
+    packed = array(_U32, ids)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    return packed.tobytes()
+
+
 def hash_prompt(
     text: str,
     block_size: int = DEFAULT_BLOCK_SIZE,
@@ -52,12 +70,12 @@ def hash_prompt(
     hashes: list[int] = []
     parent = 0
     if tokenizer is not None:
-        ids = list(tokenizer(text))
-        for start in range(0, len(ids) - block_size + 1, block_size):
-            block = ids[start : start + block_size]
-            parent = _chain(parent, b"".join(i.to_bytes(4, "little", signed=False) for i in block))
+        data = token_bytes(tokenizer(text))
+        block_bytes = block_size * 4
+        for start in range(0, len(data) - block_bytes + 1, block_bytes):
+            parent = _chain(parent, data[start : start + block_bytes])
             hashes.append(parent)
-        return PromptBlocks(tuple(hashes), block_size, len(ids))
+        return PromptBlocks(tuple(hashes), block_size, len(data) // 4)
     block_chars = block_size * chars_per_token
     data = text.encode("utf-8", "surrogatepass")
     for start in range(0, len(data) - block_chars + 1, block_chars):

@@ -202,7 +202,8 @@ class Forwarder:
             self.clock() - call.started
         )
         if call.pair is not None:
-            self._end_pair(call.pair, PRIMARY, int(code) < 400, call.text)
+            # A client that went away (499) says nothing of the revision: the pair is not counted.
+            self._end_pair(call.pair, PRIMARY, None if int(code) == 499 else int(code) < 400, call.text)
 
     def count_answer(self, namespace: str, model: str, revision: str, replica: str, code: int | str) -> None:
         """One client request answered with ``code`` (errors are codes >= 400, 499 for a client gone)."""
@@ -243,7 +244,7 @@ class Forwarder:
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
 
-    def _end_pair(self, pair: ShadowPair, side: str, ok: bool, text: OutputText | None) -> None:
+    def _end_pair(self, pair: ShadowPair, side: str, ok: bool | None, text: OutputText | None) -> None:
         result = pair.end(side, ok, text.text() if text is not None else None)
         if result is not None:
             self._count_pair(pair, result)

@@ -74,27 +74,40 @@ class EngineProber:
         self.export()
 
     async def run(self) -> None:
-        """Probes the replicas one at a time, spread evenly over each interval rather than all at once: a
+        """Starts one probe per slot, the slots spread evenly over each interval rather than all at once: a
         burst of scrapes lands on the engines together (and on an engine's event loop, /metrics competes with
-        token delivery); spread out, each engine sees one scrape per interval and the router a steady trickle."""
+        token delivery); spread out, each engine sees one scrape per interval and the router a steady trickle.
+        A slot does not wait for its probe: a replica that hangs until the timeout must not delay the others'
+        probes (their stats would go stale); a replica whose last probe is still running skips its slot."""
         loop = asyncio.get_running_loop()
-        while True:
-            endpoints = self.state.endpoints()
-            gap = self.interval_s / max(1, len(endpoints))
-            for endpoint in endpoints:
-                started = loop.time()
-                if endpoint in self.state.endpoints():  # it may have left discovery since the round began
-                    try:
-                        await self.probe_metrics(endpoint)
-                    except Exception:  # one bad probe must not stop probing
-                        log.exception("probe of replica %s failed", endpoint.name)
-                await asyncio.sleep(max(0.0, gap - (loop.time() - started)))
-            if not endpoints:
-                await asyncio.sleep(self.interval_s)
-            try:
-                self.export()
-            except Exception:
-                log.exception("exporting replica metrics failed")
+        running: dict[str, asyncio.Task] = {}
+        try:
+            while True:
+                endpoints = self.state.endpoints()
+                gap = self.interval_s / max(1, len(endpoints))
+                for endpoint in endpoints:
+                    started = loop.time()
+                    # It may have left discovery since the round began.
+                    if endpoint in self.state.endpoints() and endpoint.name not in running:
+                        task = asyncio.create_task(self._probe_logged(endpoint))
+                        running[endpoint.name] = task
+                        task.add_done_callback(lambda _, name=endpoint.name: running.pop(name, None))
+                    await asyncio.sleep(max(0.0, gap - (loop.time() - started)))
+                if not endpoints:
+                    await asyncio.sleep(self.interval_s)
+                try:
+                    self.export()
+                except Exception:
+                    log.exception("exporting replica metrics failed")
+        finally:
+            for task in list(running.values()):
+                task.cancel()
+
+    async def _probe_logged(self, endpoint: Endpoint) -> None:
+        try:
+            await self.probe_metrics(endpoint)
+        except Exception:  # one bad probe must not stop probing
+            log.exception("probe of replica %s failed", endpoint.name)
 
 
 class StaticDiscovery:

@@ -104,11 +104,13 @@ class ShadowPair:
     namespace: str = ""
     model: str = ""
     revision: str = ""
-    _ended: dict[str, tuple[bool, str | None]] = field(default_factory=dict)
+    _ended: dict[str, tuple[bool | None, str | None]] = field(default_factory=dict)
 
-    def end(self, side: str, ok: bool, text: str | None = None) -> PairResult | None:
+    def end(self, side: str, ok: bool | None, text: str | None = None) -> PairResult | None:
         """Record how one side ended; returns the pair's result when this was the last side to end, else
-        None. A side that ends twice keeps its first ending (the pair is counted once)."""
+        None. A side that ends twice keeps its first ending (the pair is counted once). ``ok=None`` is an
+        ending that says nothing of the revision (the client went away): the pair is not counted at all,
+        since counting it as the stable side's failure would favour the canary."""
         if side not in (PRIMARY, SHADOW):
             raise ValueError(f"side must be {PRIMARY!r} or {SHADOW!r}, got {side!r}")
         if side in self._ended or len(self._ended) == 2:
@@ -117,6 +119,8 @@ class ShadowPair:
         if len(self._ended) < 2:
             return None
         (primary_ok, primary_text), (shadow_ok, shadow_text) = self._ended[PRIMARY], self._ended[SHADOW]
+        if primary_ok is None or shadow_ok is None:
+            return None
         match = None
         if self.greedy and primary_ok and shadow_ok and primary_text is not None and shadow_text is not None:
             match = primary_text == shadow_text

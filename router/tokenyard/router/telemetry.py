@@ -9,9 +9,14 @@ labels: without it Prometheus would rename this label to ``exported_namespace`` 
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from tokenyard.core.metrics import LATENCY_BUCKETS_S  # shared with the operator's analysis
 
+# How long a departed replica's counters stay exported: many Prometheus scrape intervals, so that what was
+# counted after the last scrape is still read.
+REPLICA_COUNTER_GRACE_SECONDS = 300.0
 DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 PREFIX_BUCKETS_TOKENS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 65536)
 # Gaps between streamed tokens: tens of milliseconds on a healthy engine, seconds when it stalls.
@@ -78,7 +83,9 @@ class RouterMetrics:
         )
         self.inter_token = Histogram(
             "tokenyard_router_inter_token_latency_seconds",
-            "Gaps between successive chunks carrying generated text, as the router relays a client's stream.",
+            "Gaps between successive chunks carrying generated text, as the router relays a client's stream "
+            "(HTTP: per network read, several events read together are one chunk; gRPC: per event, so events "
+            "read together give gaps near 0). Both revisions of a canary see the same mix of fronts.",
             ["namespace", "model", "revision"],
             buckets=INTER_TOKEN_BUCKETS_S,
             registry=r,
@@ -126,8 +133,8 @@ class RouterMetrics:
             "tokenyard_router_shadow_pairs_total",
             "Shadowed requests whose primary and shadow copy both ended, by the shadow's revision and outcome "
             "(both_ok, shadow_only_error, primary_only_error, both_error). A side errs when it ends with a "
-            "status >= 400, a broken stream, or (primary) a client that went away; a copy dropped before it "
-            "ran makes no pair.",
+            "status >= 400 or a broken stream; a copy dropped before it ran, or a primary whose client went "
+            "away, makes no pair.",
             ["namespace", "model", "revision", "outcome"],
             registry=r,
         )
@@ -162,32 +169,44 @@ class RouterMetrics:
             "tokenyard_router_in_flight_requests", "Client requests being served now.", registry=r
         )
 
-        # Every metric with a replica label: a replica's series go when the replica goes.
-        self.replica_labelled = (
-            self.requests,
-            self.errors,
-            self.retries,
-            self.ejections,
+        # Every metric with a replica label goes when the replica goes: its gauges at once (they would go
+        # stale), its counters after a grace period. Prometheus keeps the samples it scraped, so `increase()`
+        # over a window still counts a departed replica's requests; what it has not scraped yet (the last
+        # errors of a canary replica that failed readiness, say) must stay exported for a few scrapes.
+        self.replica_gauges = (
             self.outstanding_tokens,
             self.outstanding_requests,
             self.replica_healthy,
             self.metrics_stale,
         )
+        self.replica_counters = (self.requests, self.errors, self.retries, self.ejections)
+        self._departed: dict[str, float] = {}  # replica -> when it left (monotonic seconds)
 
-    def forget_replica(self, replica: str) -> None:
-        """Drop every series labelled with this replica (it left discovery: its gauges would go stale)."""
-        if replica:
-            for metric in self.replica_labelled:
-                metric.remove_by_labels({"replica": replica})
+    def forget_replica(self, replica: str, now: float | None = None) -> None:
+        """The replica left discovery: drop its gauges now, its counters once the grace period has passed."""
+        if not replica:
+            return
+        for metric in self.replica_gauges:
+            metric.remove_by_labels({"replica": replica})
+        self._departed.setdefault(replica, time.monotonic() if now is None else now)
 
-    def retain_replicas(self, known: set[str]) -> None:
-        """Drop the series of every replica not in ``known`` ('', errors before a replica was chosen, stays).
-        Level-based, so a request that ends on a replica after the replica left leaves no series behind."""
+    def retain_replicas(self, known: set[str], now: float | None = None) -> None:
+        """Level-based sweep: every replica not in ``known`` is forgotten ('' - errors before a replica was
+        chosen - stays); counters of replicas gone for longer than the grace period are dropped, and a replica
+        that came back is no longer counted as departed."""
+        now = time.monotonic() if now is None else now
         labelled = {
             sample.labels.get("replica", "")
-            for metric in self.replica_labelled
+            for metric in (*self.replica_gauges, *self.replica_counters)
             for family in metric.collect()
             for sample in family.samples
         }
+        for replica in known & self._departed.keys():
+            del self._departed[replica]
         for replica in labelled - known - {""}:
-            self.forget_replica(replica)
+            self.forget_replica(replica, now)
+        for replica, left in list(self._departed.items()):
+            if now - left >= REPLICA_COUNTER_GRACE_SECONDS:
+                for metric in self.replica_counters:
+                    metric.remove_by_labels({"replica": replica})
+                del self._departed[replica]

@@ -1,6 +1,15 @@
+import hashlib
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenyard.router.prefix import PrefixIndex, ReplicaPrefixCache, estimate_tokens, hash_prompt
+from tokenyard.router.prefix import (
+    PrefixIndex,
+    ReplicaPrefixCache,
+    estimate_tokens,
+    hash_prompt,
+    token_bytes,
+)
 
 
 def test_chained_hashes_share_exactly_the_common_prefix_blocks():
@@ -31,6 +40,33 @@ def test_tokenizer_mode_blocks_by_token_ids():
     assert len(blocks.hashes) == 4
     assert blocks.prompt_tokens == 32
     assert blocks.tokens_per_block == 8
+
+
+def _reference_token_hashes(ids: list[int], block_size: int) -> list[int]:
+    """The chained hashes as first defined: each id packed with int.to_bytes (what peers on Redis expect)."""
+    hashes, parent = [], 0
+    for start in range(0, len(ids) - block_size + 1, block_size):
+        payload = b"".join(i.to_bytes(4, "little") for i in ids[start : start + block_size])
+        digest = hashlib.blake2b(parent.to_bytes(8, "little") + payload, digest_size=8).digest()
+        parent = int.from_bytes(digest, "little")
+        hashes.append(parent)
+    return hashes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2**32 - 1), max_size=80), st.integers(1, 17))
+def test_packed_token_hashes_equal_the_per_id_definition(ids, block_size):
+    blocks = hash_prompt("ignored", block_size=block_size, tokenizer=lambda _text: ids)
+    assert list(blocks.hashes) == _reference_token_hashes(ids, block_size)
+    assert blocks.prompt_tokens == len(ids)
+
+
+def test_token_ids_outside_u32_are_rejected():
+    assert token_bytes([1, 256]) == b"\x01\x00\x00\x00\x00\x01\x00\x00"
+    with pytest.raises(OverflowError):
+        token_bytes([2**32])
+    with pytest.raises(OverflowError):
+        token_bytes([-1])
 
 
 def test_match_counts_leading_blocks_only():

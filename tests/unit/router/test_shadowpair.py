@@ -30,6 +30,15 @@ def test_the_pair_is_recorded_by_whichever_side_ends_last(primary_ok, shadow_ok,
         assert pair.end(second, oks[second]) is None  # counted once
 
 
+@pytest.mark.parametrize("shadow_ok", [True, False])
+def test_a_primary_whose_client_went_away_makes_no_pair(shadow_ok):
+    for first, second in ((PRIMARY, SHADOW), (SHADOW, PRIMARY)):
+        pair = ShadowPair(greedy=True)
+        oks = {PRIMARY: None, SHADOW: shadow_ok}
+        assert pair.end(first, oks[first], "x") is None
+        assert pair.end(second, oks[second], "x") is None
+
+
 def test_greedy_pairs_compare_full_outputs_only_when_both_succeeded():
     same = ShadowPair(greedy=True)
     same.end(PRIMARY, True, "the answer")

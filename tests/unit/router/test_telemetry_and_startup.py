@@ -5,7 +5,7 @@ from tokenyard.router.__main__ import main
 from tokenyard.router.discovery import Endpoint, ModelView, models_from_cluster
 from tokenyard.router.prefix import hash_prompt
 from tokenyard.router.state import RouterState
-from tokenyard.router.telemetry import RouterMetrics
+from tokenyard.router.telemetry import REPLICA_COUNTER_GRACE_SECONDS, RouterMetrics
 from tokenyard.router.tokenizing import TokenizerCache, TokenizerUnavailable, load_tokenizer
 
 from .test_discovery import deployment, pod
@@ -22,7 +22,11 @@ def series(metrics: RouterMetrics, name: str) -> list[dict[str, str]]:
     ]
 
 
-def test_a_replica_that_leaves_takes_all_its_series_with_it():
+def replicas_in(metrics: RouterMetrics, name: str) -> set[str]:
+    return {labels.get("replica", "") for labels in series(metrics, name)}
+
+
+def test_a_replica_that_leaves_takes_its_gauges_at_once_and_its_counters_after_the_grace():
     metrics = RouterMetrics()
     for replica in ("a", "b"):
         metrics.requests.labels("ns", "m", "v1", replica, "200").inc()
@@ -31,13 +35,32 @@ def test_a_replica_that_leaves_takes_all_its_series_with_it():
         metrics.outstanding_tokens.labels(replica).set(5)
         metrics.replica_healthy.labels(replica, "v1").set(1)
     metrics.requests.labels("", "", "", "", "404").inc()  # no replica chosen: not a replica's series
-    metrics.forget_replica("a")
-    for name in ("tokenyard_router_requests_total", "tokenyard_router_outstanding_tokens"):
-        assert {labels.get("replica") for labels in series(metrics, name)} <= {"b", ""}
-    # a request that ended on "b" after it left re-creates its series; the level-based sweep removes it again
-    metrics.retain_replicas(set())
-    assert {labels["replica"] for labels in series(metrics, "tokenyard_router_requests_total")} == {""}
+    metrics.forget_replica("a", now=100.0)
+    assert replicas_in(metrics, "tokenyard_router_outstanding_tokens") == {"b"}
+    # Its last errors may not have been scraped yet: the counters stay for the grace period.
+    assert replicas_in(metrics, "tokenyard_router_errors_total") == {"a", "b"}
+    metrics.retain_replicas({"b"}, now=100.0 + REPLICA_COUNTER_GRACE_SECONDS - 1)
+    assert replicas_in(metrics, "tokenyard_router_requests_total") == {"a", "b", ""}
+    metrics.retain_replicas({"b"}, now=100.0 + REPLICA_COUNTER_GRACE_SECONDS)
+    assert replicas_in(metrics, "tokenyard_router_requests_total") == {"b", ""}
+    assert replicas_in(metrics, "tokenyard_router_retries_total") == {"b"}
+    # The level-based sweep catches a replica whose series came back after it left, gauges first.
+    metrics.retain_replicas(set(), now=1000.0)
     assert series(metrics, "tokenyard_router_replica_healthy") == []
+    assert replicas_in(metrics, "tokenyard_router_requests_total") == {"b", ""}
+    metrics.retain_replicas(set(), now=1000.0 + REPLICA_COUNTER_GRACE_SECONDS)
+    assert replicas_in(metrics, "tokenyard_router_requests_total") == {""}
+
+
+def test_a_replica_that_comes_back_within_the_grace_keeps_its_counters():
+    metrics = RouterMetrics()
+    metrics.requests.labels("ns", "m", "v1", "a", "200").inc(7)
+    metrics.forget_replica("a", now=0.0)
+    metrics.retain_replicas({"a"}, now=10.0)  # back (readiness flapped)
+    metrics.retain_replicas({"a"}, now=10.0 + REPLICA_COUNTER_GRACE_SECONDS)
+    assert [
+        s.value for f in metrics.registry.collect() for s in f.samples if s.name == "tokenyard_router_requests_total"
+    ] == [7.0]
 
 
 def test_namespace_comes_from_the_model_deployment_and_routes_carry_it():
@@ -111,3 +134,35 @@ current-context: x
     assert main(["--kubeconfig", str(kubeconfig), "--port", "0", "--metrics-port", "0"]) == 1
     err = capsys.readouterr().err
     assert f"Kubernetes API server at https://127.0.0.1:{port}" in err and "unreachable" in err
+
+
+@pytest.fixture
+def without_uvloop(monkeypatch):
+    """Imports of uvloop fail, as on a machine where it is not installed."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "uvloop":
+            raise ImportError("No module named 'uvloop'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+
+
+def test_event_loop_choice_prefers_uvloop():
+    import uvloop
+    from tokenyard.router.__main__ import loop_factory
+
+    assert loop_factory("auto") is uvloop.new_event_loop
+    assert loop_factory("uvloop") is uvloop.new_event_loop
+    assert loop_factory("asyncio") is None
+
+
+def test_without_uvloop_auto_falls_back_and_an_explicit_choice_is_a_usage_error(without_uvloop, capsys):
+    from tokenyard.router.__main__ import loop_factory
+
+    assert loop_factory("auto") is None  # asyncio's own loop: the router still starts
+    assert main(["--backend", "http://127.0.0.1:9", "--event-loop", "uvloop"]) == 2
+    assert "--event-loop uvloop: the 'uvloop' package is not installed" in capsys.readouterr().err
