@@ -7,6 +7,17 @@ from tokenyard.router.state import RouterState
 from tokenyard.router.telemetry import RouterMetrics
 
 
+async def run_until(prober: EngineProber, done: asyncio.Event) -> None:
+    """Run the prober's loop until `done` is set (at most 5 s), then stop it."""
+    task = asyncio.create_task(prober.run())
+    try:
+        await asyncio.wait_for(done.wait(), 5)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def test_probes_are_spread_over_the_interval_and_skip_replicas_that_left():
     state = RouterState()
     endpoints = tuple(Endpoint(name, f"http://{name}") for name in "abcd")
@@ -26,13 +37,7 @@ async def test_probes_are_spread_over_the_interval_and_skip_replicas_that_left()
         return True
 
     prober.probe_metrics = fake_probe
-    task = asyncio.create_task(prober.run())
-    try:
-        await asyncio.wait_for(round_done.wait(), 5)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await run_until(prober, round_done)
     assert [name for name, _ in probed] == ["a", "b", "d"]
     times = [at for _, at in probed]
     # one probe per interval / 4, never a burst (asyncio sleeps never end early; c's slot was left empty)
@@ -58,13 +63,7 @@ async def test_a_replica_that_hangs_does_not_hold_back_the_others_probes():
         return True
 
     prober.probe_metrics = fake_probe
-    task = asyncio.create_task(prober.run())
-    try:
-        await asyncio.wait_for(two_rounds.wait(), 5)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await run_until(prober, two_rounds)
     # b and c were probed every round while a's first probe still hung; a was not probed twice at once.
     assert probed.count("b") == 2 and probed.count("c") == 2
     assert probed.count("a") == 1
