@@ -205,8 +205,8 @@ def reusable_nodes(previous: Sequence[str], free_gpus: Mapping[str, int], gpus_p
 
 def return_to_previous_nodes(
     indices: Sequence[int], previous: Sequence[Sequence[str]], free_gpus: Mapping[str, int], gpus_per_pod: int
-) -> tuple[dict[int, tuple[str, ...]], list[int]]:
-    """Which new groups go back to the nodes of the groups they replace, and which are planned afresh.
+) -> dict[int, tuple[str, ...]]:
+    """The new groups that go back to the nodes of the groups they replace (the others are planned afresh).
 
     Each new index, in order, takes the next recorded node set that still fits (`reusable_nodes`); a set that
     no longer fits is given up for good, so one taken node does not keep the other replacements from their
@@ -215,15 +215,13 @@ def return_to_previous_nodes(
     free = dict(free_gpus)
     waiting = list(previous)
     returned: dict[int, tuple[str, ...]] = {}
-    to_plan: list[int] = []
     for index in indices:
         nodes = None
         while waiting and nodes is None:
             nodes = reusable_nodes(waiting.pop(0), free, gpus_per_pod)
         if nodes is None:
-            to_plan.append(index)
             continue
         for node in nodes:
             free[node] -= gpus_per_pod
         returned[index] = nodes
-    return returned, to_plan
+    return returned

@@ -555,15 +555,18 @@ async def _create_groups(
             if n.eligible and (not spec.placement.gpu_product or n.gpu_product == spec.placement.gpu_product)
         }
         previous = [g.recorded_nodes for g in dead_groups if len(g.recorded_nodes) == par.pods_per_group]
-        returned, fresh = return_to_previous_nodes(indices, previous, free, par.pod_gpus)
+        returned = return_to_previous_nodes(indices, previous, free, par.pod_gpus)
+        to_plan = []
         for index, request in zip(indices, requests, strict=True):
-            if index in returned:
-                nodes = returned[index]
-                product = spec.placement.gpu_product or ""
-                placed.append((index, Assignment(request.key, nodes, par.pod_gpus, product, RETURNED)))
-                _reserve(name, namespace, revision, index, nodes, par.pod_gpus)
-        to_plan = [(index, request) for index, request in zip(indices, requests, strict=True) if index in fresh]
+            nodes = returned.get(index)
+            if nodes is None:
+                to_plan.append((index, request))
+                continue
+            product = spec.placement.gpu_product or ""
+            placed.append((index, Assignment(request.key, nodes, par.pod_gpus, product, RETURNED)))
+            _reserve(name, namespace, revision, index, nodes, par.pod_gpus)
         shapes = {*RUNTIME.shapes.values(), *(r.shape for r in requests)}
+        # Nodes read again: the returned groups' reservations are in them now.
         result = plan(_current_nodes(dead_pods), [r for _, r in to_plan], levels, shapes_in_use=list(shapes))
         metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
         for index, request in to_plan:

@@ -34,9 +34,9 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The event loop factory for ``--event-loop`` (None: asyncio's default loop).
 
     Why uvloop: every streamed token passes through the router as a socket read and a socket write, and
-    uvloop's transports do that in C. Under bench-router's closed loop (182 streams, 2 cores shared with the
-    engines and the load generator) it cut the router's CPU from 4.8 to 4.2 ms per request, time the engines
-    then get. The router only uses the asyncio API, so the stdlib loop remains a complete fallback."""
+    uvloop's transports do that in C; in a py-spy profile of bench-router's closed loop the event loop's
+    socket handling was a large share of the router's CPU, CPU the engines on the same cores then lack. The
+    router only uses the asyncio API, so the stdlib loop remains a complete fallback."""
     if choice == "asyncio":
         return None
     try:
