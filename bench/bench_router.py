@@ -28,8 +28,9 @@ Figures, per workload and policy:
   workload's rate, RUN_SECONDS in all per policy);
 - output_tok_s: output tokens per second delivered in the closed-loop phase: after each round's open loop,
   level x CLOSED_CLIENTS_PER_ENGINE x ENGINES clients (level = 0.70 or 0.95, the workload's share of
-  capacity), each sending its next request as soon as its last one ended; after CLOSED_WARMUP_SECONDS, only
-  requests that ended inside a window of CLOSED_SECONDS / ROUNDS count, summed over the rounds. (Measured in
+  capacity), each sending its next request as soon as its last one ended (multi_turn: each client joins its
+  first conversation at a different turn); after CLOSED_WARMUP_SECONDS, the output tokens streamed to the
+  clients inside a window of CLOSED_SECONDS / ROUNDS count, summed over the rounds (see TokenWindow). (Measured in
   the last round only, one 20 s window per policy swung with the load of other processes on the machine:
   sglang_cache_aware alone, back to back, gave 1,650 to 2,120 tok/s; spread over the rotated rounds, a burst
   falls on all policies alike, as for the open loop.) Open-loop throughput would only restate the
@@ -89,6 +90,16 @@ TOKENYARD_ARGS = os.environ.get("BENCH_TOKENYARD_ARGS", "--tokenizer sim").split
 POLICIES = tuple(
     os.environ.get("BENCH_POLICIES", "tokenyard,round_robin,least_outstanding,sglang_cache_aware").split(",")
 )
+# Tuning: extra tokenyard configurations run side by side with the others, as policies of their own:
+# BENCH_VARIANTS="name=--flag value --flag2 value;name2=..." adds policies `name`, `name2` (router flags on top of
+# BENCH_TOKENYARD_ARGS). Empty by default: the comparison the issue asks for is the four policies above.
+VARIANTS = {
+    name.strip(): args.split()
+    for name, _, args in (
+        part.partition("=") for part in os.environ.get("BENCH_VARIANTS", "").split(";") if part.strip()
+    )
+}
+POLICIES += tuple(name for name in VARIANTS if name not in POLICIES)
 WORKLOADS = tuple(
     os.environ.get("BENCH_WORKLOADS", "shared_prefix_70,shared_prefix_95,no_sharing,multi_turn").split(",")
 )
@@ -240,8 +251,32 @@ class Dispatcher:
             self.in_flight[index] -= 1
 
 
+class TokenWindow:
+    """Counts the output tokens that reach the clients between ``opens_at`` and ``closes_at`` (one streamed
+    event with text is one token, as the sim and vLLM stream), whatever request they belong to.
+
+    Why tokens and not finished requests: under a closed loop the requests of one policy drift into waves
+    (similar requests started together end together), and a count of the requests that ended inside a short
+    window then depends on where the window falls in the wave - least outstanding gave 1447.0 tok/s in two
+    runs to the digit and 1046 with other window bounds. Tokens arrive continuously, so their count does not."""
+
+    def __init__(self, opens_at: float, duration: float) -> None:
+        self.opens_at = opens_at
+        self.closes_at = opens_at + duration
+        self.tokens = 0
+
+    def tick(self) -> None:
+        if self.opens_at <= time.monotonic() < self.closes_at:
+            self.tokens += 1
+
+
 async def send(
-    session: aiohttp.ClientSession, dispatcher: Dispatcher, path: str, body: dict, keep_text: bool = False
+    session: aiohttp.ClientSession,
+    dispatcher: Dispatcher,
+    path: str,
+    body: dict,
+    keep_text: bool = False,
+    window: TokenWindow | None = None,
 ) -> Result:
     base, index = dispatcher.acquire()
     payload = {
@@ -263,8 +298,11 @@ async def send(
             async for line in response.content:
                 if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                     continue
-                if ttft is None and carries_token(line):  # not the empty role-only delta of a chat stream
-                    ttft = time.monotonic() - started
+                if carries_token(line):  # not the empty role-only delta of a chat stream
+                    if ttft is None:
+                        ttft = time.monotonic() - started
+                    if window is not None:
+                        window.tick()
                 if keep_text or b'"usage":{' in line:
                     event = json.loads(line[6:])
                     if event.get("usage"):
@@ -299,12 +337,22 @@ MULTI_TURN_SYSTEM = "You are the support assistant of a large bank. " + words(ra
 
 
 async def conversation(
-    session, dispatcher, crng: random.Random, results: list[Result], think_s: float
+    session,
+    dispatcher,
+    crng: random.Random,
+    results: list[Result],
+    think_s: float,
+    first_turn: int = 0,
+    window: TokenWindow | None = None,
 ) -> None:
     """TURNS turns, each sent after the previous reply (plus a think time drawn with mean ``think_s``), its
-    messages the whole history so far."""
+    messages the whole history so far. ``first_turn`` > 0 joins a conversation already under way: the turns
+    before it are made up (user and assistant text no engine has seen)."""
     messages = [{"role": "system", "content": MULTI_TURN_SYSTEM}]
-    for _turn in range(MULTI_TURN_TURNS):
+    for _turn in range(first_turn):
+        messages.append({"role": "user", "content": words(crng, 150)})
+        messages.append({"role": "assistant", "content": words(crng, OUTPUT_TOKENS)})
+    for _turn in range(first_turn, MULTI_TURN_TURNS):
         messages.append({"role": "user", "content": words(crng, 150)})
         result = await send(
             session,
@@ -312,6 +360,7 @@ async def conversation(
             "/v1/chat/completions",
             {"messages": list(messages), "max_tokens": OUTPUT_TOKENS},
             keep_text=True,
+            window=window,
         )
         results.append(result)
         if not result.ok:
@@ -355,29 +404,38 @@ async def run_closed_loop(
 ) -> tuple[list[Result], float]:
     """``clients`` clients, each sending its next request as soon as its last one ended (multi_turn: its next
     turn, and a new conversation after the last): after CLOSED_WARMUP_SECONDS, a window of ``duration``
-    seconds opens; when it closes the requests still in flight are cancelled (a client disconnect) and only the
-    ones that ended inside the window count."""
+    seconds opens; when it closes the requests still in flight are cancelled (a client disconnect). Returns
+    the requests that ended inside the window (for errors), the output tokens delivered inside it and its
+    length.
+
+    In multi_turn, client c starts in turn c mod TURNS of its first conversation: started all at turn 1, the
+    conversations stay in step (every client at the same turn, the engines' caches all cold or all warm
+    together) for longer than the window lasts."""
     tenants = tenant_prompts()
     results = WindowedResults(time.monotonic() + CLOSED_WARMUP_SECONDS)
+    window = TokenWindow(results.opens_at, duration)
 
     async def client(c: int) -> None:
         rng = random.Random(seed * 10_000 + c)
+        first_turn = c % MULTI_TURN_TURNS
         for k in itertools.count():
             if workload == "multi_turn":
-                await conversation(session, dispatcher, rng, results, think_s=0.0)
+                await conversation(session, dispatcher, rng, results, 0.0, first_turn, window)
+                first_turn = 0
                 continue
             body = unique_body(rng, f"closed-{c}-{k}") if workload == "no_sharing" else None
             body = body or shared_prefix_body(rng, tenants)
-            results.append(await send(session, dispatcher, "/v1/completions", body))
+            results.append(await send(session, dispatcher, "/v1/completions", body, window=window))
 
     tasks = [asyncio.create_task(client(c)) for c in range(clients)]
-    await asyncio.sleep(max(0.0, results.opens_at - time.monotonic()) + duration)
+    await asyncio.sleep(max(0.0, window.closes_at - time.monotonic()))
     elapsed = time.monotonic() - results.opens_at
     ended = list(results)  # what ended inside the window; cancelling adds nothing to it
+    tokens = window.tokens
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    return ended, elapsed
+    return ended, tokens, elapsed
 
 
 # --- engine counters -----------------------------------------------------------------------------------------
@@ -437,7 +495,8 @@ class PolicyRun:
 
     open_results: list[Result]
     deltas: list[dict[str, float]]  # engine counters over the open-loop phases, per engine
-    closed_results: list[Result]
+    closed_results: list[Result]  # the requests that ended inside the closed loop's windows
+    closed_tokens: int  # output tokens delivered inside them
     closed_elapsed: float
     closed_deltas: list[dict[str, float]] = field(default_factory=list)  # engine counters, closed loop
 
@@ -454,7 +513,7 @@ def summarise(run: PolicyRun) -> dict[str, float]:
     return {
         "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
         "ttft_p99_s": round(percentile(ttfts, 0.99), 4),
-        "output_tok_s": round(sum(r.output_tokens for r in closed_ok) / run.closed_elapsed, 1),
+        "output_tok_s": round(run.closed_tokens / run.closed_elapsed, 1) if run.closed_elapsed else 0.0,
         "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
         "imbalance": round(max(served) / mean, 3) if mean else 0.0,
         "closed_prefix_hit_rate": round(closed_hits / closed_queries, 4) if closed_queries else 0.0,
@@ -470,7 +529,7 @@ class RouterProcess:
     def __init__(self, policy: str, engines: list[str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        if policy == "tokenyard":
+        if policy == "tokenyard" or policy in VARIANTS:
             args = [
                 PY,
                 "-m",
@@ -488,6 +547,7 @@ class RouterProcess:
                 "--default-max-tokens",
                 str(OUTPUT_TOKENS),
                 *TOKENYARD_ARGS,
+                *VARIANTS.get(policy, ()),
             ]
             for i, url in enumerate(engines):
                 args += ["--backend", f"e{i}={url}"]
@@ -576,7 +636,8 @@ async def run_slice(
     this round's seed for ``seconds``, then (when ``closed_clients``) the closed loop, on the caches and the
     router state the open loop left."""
     await flush_caches(session, engines)
-    router = RouterProcess(policy, engines) if policy in ("tokenyard", "sglang_cache_aware") else None
+    direct = policy in ("round_robin", "least_outstanding")
+    router = None if direct else RouterProcess(policy, engines)
     try:
         if router:
             await router.ready(session)
@@ -594,13 +655,15 @@ async def run_slice(
                 session, dispatcher, shared_prefix_requests(rate, seconds, 1 + 100 * seed)
             )
         after = await engine_counters(session, engines)
-        closed, closed_elapsed, closed_deltas = [], 0.0, []
+        closed, closed_tokens, closed_elapsed, closed_deltas = [], 0, 0.0, []
         if closed_clients:
-            closed, closed_elapsed = await run_closed_loop(
+            closed, closed_tokens, closed_elapsed = await run_closed_loop(
                 session, dispatcher, workload, closed_clients, CLOSED_SECONDS / ROUNDS
             )
             closed_deltas = counter_deltas(after, await engine_counters(session, engines))
-        return PolicyRun(results, counter_deltas(before, after), closed, closed_elapsed, closed_deltas)
+        return PolicyRun(
+            results, counter_deltas(before, after), closed, closed_tokens, closed_elapsed, closed_deltas
+        )
     finally:
         if router:
             router.stop()
@@ -632,6 +695,7 @@ async def run_workload(
                 seen.open_results += part.open_results
                 seen.deltas = add_deltas(seen.deltas, part.deltas)
                 seen.closed_results += part.closed_results
+                seen.closed_tokens += part.closed_tokens
                 seen.closed_elapsed += part.closed_elapsed
                 seen.closed_deltas = add_deltas(seen.closed_deltas, part.closed_deltas)
     return runs
