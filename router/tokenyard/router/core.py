@@ -2,7 +2,8 @@
 
 Mirrors the scheduler frameworks (kube-scheduler's framework, the Gateway API inference extension's endpoint
 picker): each plug-in is small; weights come from configuration (``ModelDeployment.spec.routing.weights``);
-each scorer's values are normalised min-max across the candidates (all equal -> 1.0) before the weighted sum;
+scorers measured in tokens (load, cached prefix) share one scale so that their weights are exchange rates, the
+others are normalised min-max across the candidates (all equal -> 1.0), before the weighted sum;
 the picker takes the best score and breaks ties at random after a stable sort. Everything here is pure: the
 snapshot, the request and the time come in as arguments, the decision goes out.
 """
@@ -187,6 +188,9 @@ def normalise(raw: Sequence[float | None], higher_is_better: bool) -> list[float
 class Scorer(Plugin):
     kind = "scorer"
     higher_is_better: ClassVar[bool] = True
+    # Scorers whose raw values are tokens share one scale in a decision (see scale_tokens), so that their
+    # weights compare like amounts; the others are unitless signals, normalised min-max each on its own.
+    in_tokens: ClassVar[bool] = False
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         raise NotImplementedError
@@ -205,6 +209,7 @@ def expected_load(request: RoutingRequest, replica: ReplicaSnapshot) -> int:
 
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     higher_is_better = False
+    in_tokens = True
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         return [float(expected_load(request, replica)) for replica in candidates]
@@ -246,6 +251,8 @@ class HotSpotGuard:
 
 class PrefixCacheScorer(Scorer, name="prefixCache"):
     """Prompt tokens the replica most likely still caches, with the hot-spot guard applied."""
+
+    in_tokens = True
 
     def __init__(self, guard: HotSpotGuard | None = None) -> None:
         self.guard = guard or HotSpotGuard()
@@ -289,6 +296,27 @@ class OutstandingRequestsScorer(Scorer, name="outstandingRequests"):
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         return [float(replica.outstanding_requests) for replica in candidates]
+
+
+def scale_tokens(raws: Sequence[Sequence[float]], higher_is_better: Sequence[bool]) -> list[list[float]]:
+    """Scores in [0, 1] for scorers measured in tokens, all divided by one scale: the widest spread of any of
+    them across the candidates. Each keeps its own direction (best candidate highest).
+
+    Why not min-max each: min-max gives the best candidate full credit however small its lead, so a weight
+    stops meaning anything. With load at weight 1 and locality at 0.25 min-max, a replica busy prefilling a
+    tenant's 1,500-token prompt (1,614 tokens owed) lost the tenant's next request to an idle replica (1,547)
+    by 67 tokens, and the fleet paid the prompt's prefill twice. On one scale the weights are exchange rates:
+    a cached token at prefixCache 0.25 offsets a quarter of a token of load."""
+    spreads = [max(raw) - min(raw) for raw in raws if raw]
+    scale = max(spreads, default=0.0)
+    scored = []
+    for raw, higher in zip(raws, higher_is_better, strict=True):
+        if scale <= 0:
+            scored.append([1.0] * len(raw))
+            continue
+        best = max(raw) if higher else min(raw)
+        scored.append([1.0 - abs(best - value) / scale for value in raw])
+    return scored
 
 
 # --- picker and pipeline ----------------------------------------------------------------------------------
@@ -369,8 +397,19 @@ class Pipeline:
         candidates = unsaturated
         totals = dict.fromkeys((replica.name for replica in candidates), 0.0)
         breakdown: dict[str, dict[str, float]] = {}
+        token_scorers = [scorer for scorer, _ in self.scorers if scorer.in_tokens]
+        token_raws = [[float(v or 0.0) for v in scorer.raw(request, candidates)] for scorer in token_scorers]
+        directions = [scorer.higher_is_better for scorer in token_scorers]
+        token_scores = {
+            scorer.name: scores
+            for scorer, scores in zip(token_scorers, scale_tokens(token_raws, directions), strict=True)
+        }
         for scorer, weight in self.scorers:
-            scores = scorer.score(request, candidates)
+            scores = (
+                token_scores[scorer.name]
+                if scorer.name in token_scores
+                else scorer.score(request, candidates)
+            )
             breakdown[scorer.name] = {
                 replica.name: score for replica, score in zip(candidates, scores, strict=True)
             }

@@ -10,6 +10,7 @@ in an LRU whose capacity is the replica's KV capacity in blocks (``vllm:cache_co
 from __future__ import annotations
 
 import hashlib
+import itertools
 import sys
 from array import array
 from collections import OrderedDict
@@ -84,6 +85,12 @@ def hash_prompt(
     return PromptBlocks(tuple(hashes), block_size, estimate_tokens(text, chars_per_token))
 
 
+def private_blocks(full_prompt_blocks: int, prompt_tokens: int, output_tokens: int, block_size: int) -> int:
+    """Blocks a request fills beyond its prompt's full blocks: ceil((prompt + output) / block size) minus them."""
+    total = -(-(prompt_tokens + output_tokens) // block_size)
+    return max(0, total - full_prompt_blocks)
+
+
 def estimate_tokens(text: str, chars_per_token: int = DEFAULT_CHARS_PER_TOKEN) -> int:
     return (len(text.encode("utf-8", "surrogatepass")) + chars_per_token - 1) // chars_per_token
 
@@ -96,6 +103,8 @@ class ReplicaPrefixCache:
         self.capacity_blocks = max(1, capacity_blocks)
         self.max_age_s = max_age_s
         self._last_used: OrderedDict[int, float] = OrderedDict()
+        # Keys of blocks no prompt can match (see insert): negative, so never equal to a chained hash.
+        self._private_keys = itertools.count(-1, -1)
 
     def __len__(self) -> int:
         return len(self._last_used)
@@ -129,10 +138,19 @@ class ReplicaPrefixCache:
             matched += 1
         return matched
 
-    def insert(self, hashes: Sequence[int], now: float) -> None:
+    def insert(self, hashes: Sequence[int], now: float, private_blocks: int = 0) -> None:
         """Record that the prompt's blocks were sent here at ``now``. Leading blocks are touched last-first so
         that under pressure the tail of a prompt goes before its head, as in the engine (a head block is
-        shared by more prompts)."""
+        shared by more prompts).
+
+        ``private_blocks``: the other blocks the request fills on the engine (the prompt's partial last block,
+        the output), which no later prompt matches. The engine keeps them in the same LRU once the request
+        ends, where they push older prefixes out; left uncounted, the index believes prefixes are cached
+        after the engine evicted them, and the router sends requests to a replica for a prefix it no longer
+        holds (a full prefill). They enter behind the request's own prefix blocks, as the engine releases a
+        request's last blocks first."""
+        for _ in range(private_blocks):
+            self._last_used[next(self._private_keys)] = now
         for block_hash in reversed(hashes):
             self._last_used[block_hash] = now
             self._last_used.move_to_end(block_hash)
@@ -168,9 +186,9 @@ class PrefixIndex:
         cache = self._replicas.get(name)
         return 0 if cache is None else cache.match_blocks(hashes, now)
 
-    def insert(self, name: str, hashes: Sequence[int], now: float) -> None:
-        if hashes:
-            self.replica(name).insert(hashes, now)
+    def insert(self, name: str, hashes: Sequence[int], now: float, private_blocks: int = 0) -> None:
+        if hashes or private_blocks:
+            self.replica(name).insert(hashes, now, private_blocks)
 
     def forget(self, name: str) -> None:
         self._replicas.pop(name, None)

@@ -116,10 +116,10 @@ class RedisShare:
             pipe.hset(self.keys["load"], mapping={n: f"{ld.tokens},{ld.requests}" for n, ld in loads.items()})
         pipe.expire(self.keys["load"], max(1, int(self.ttl_s + 0.999)))
         pipe.zadd(self.keys["routers"], {self.router_id: self.wall_clock()})
-        for replica, hashes in outbox:
+        for replica, hashes, private in outbox:
             pipe.xadd(
                 self.keys["prefix"],
-                {"r": self.router_id, "n": replica, "h": pack_hashes(hashes)},
+                {"r": self.router_id, "n": replica, "h": pack_hashes(hashes), "p": private},
                 maxlen=STREAM_MAXLEN,
                 approximate=True,
             )
@@ -159,7 +159,8 @@ class RedisShare:
         for _entry_id, fields in entries:
             if fields.get(b"r", b"").decode() == self.router_id:
                 continue
-            self.state.index.insert(fields[b"n"].decode(), unpack_hashes(fields[b"h"]), now)
+            private = int(fields.get(b"p", b"0") or 0)  # absent in entries from routers before it was sent
+            self.state.index.insert(fields[b"n"].decode(), unpack_hashes(fields[b"h"]), now, private)
 
     async def run(self) -> None:
         while True:

@@ -34,6 +34,7 @@ from tokenyard.router.prefix import (
     PromptBlocks,
     Tokenizer,
     hash_prompt,
+    private_blocks,
 )
 from tokenyard.router.tokenizing import TokenizerCache
 
@@ -137,7 +138,8 @@ class RouterState:
         self.stats: dict[str, EngineStats] = {}
         self.unreachable: set[str] = set()  # replicas whose last health probe failed
         self.peer_loads: dict[str, ReplicaLoad] = {}  # other routers' loads, summed (Redis)
-        self.prefix_outbox: list[tuple[str, tuple[int, ...]]] = []  # inserts to publish to peers
+        # inserts to publish to peers: replica, prompt block hashes, private blocks
+        self.prefix_outbox: list[tuple[str, tuple[int, ...], int]] = []
         self.publish_prefixes = False
         self._pipelines: dict[tuple[tuple[str, float], ...] | None, Pipeline] = {}
 
@@ -274,9 +276,10 @@ class RouterState:
         match = matches[chosen.name]
         ticket = self.ledger.open(chosen.name, max(0, request.prompt_tokens - match), max_tokens)
         hashes = blocks_by_size[chosen.block_size].hashes
-        self.index.insert(chosen.name, hashes, now)
-        if self.publish_prefixes and hashes:
-            self.prefix_outbox.append((chosen.name, hashes))
+        private = private_blocks(len(hashes), request.prompt_tokens, max_tokens, chosen.block_size)
+        self.index.insert(chosen.name, hashes, now, private)
+        if self.publish_prefixes and (hashes or private):
+            self.prefix_outbox.append((chosen.name, hashes, private))
         return Route(model, endpoint, ticket, decision, request.prompt_tokens, match, shadow, view.namespace)
 
     def shadow_wanted(self, model: str) -> bool:

@@ -8,6 +8,7 @@ from tokenyard.router.prefix import (
     ReplicaPrefixCache,
     estimate_tokens,
     hash_prompt,
+    private_blocks,
     token_bytes,
 )
 
@@ -95,6 +96,31 @@ def test_touching_a_prefix_protects_it_from_eviction():
     assert cache.contains(1) and not cache.contains(2)
 
 
+def test_a_request_fills_blocks_beyond_its_full_prompt_blocks():
+    # 40 prompt tokens in blocks of 16: 2 full blocks hashed, then the partial third and the output
+    assert private_blocks(2, prompt_tokens=40, output_tokens=24, block_size=16) == 2  # 64 tokens = 4 blocks
+    assert private_blocks(2, prompt_tokens=32, output_tokens=0, block_size=16) == 0
+    assert private_blocks(2, prompt_tokens=32, output_tokens=1, block_size=16) == 1
+
+
+def test_private_blocks_push_older_prefixes_out_as_in_the_engine():
+    def index_after(private: int) -> ReplicaPrefixCache:
+        cache = ReplicaPrefixCache(capacity_blocks=8)
+        cache.insert([1, 2, 3, 4], now=0, private_blocks=private)
+        cache.insert([10, 11], now=1, private_blocks=private)
+        cache.insert([20, 21], now=2, private_blocks=private)
+        return cache
+
+    # counting only prompt blocks, the first prompt looks cached still; the engine filled 8 more blocks
+    # (2 per request beyond the prompts) and evicted it
+    assert index_after(private=0).match_blocks([1, 2, 3, 4], now=2) == 4
+    churned = index_after(private=2)
+    assert churned.match_blocks([1, 2, 3, 4], now=2) == 0
+    assert len(churned) == 8
+    # a request's private blocks go before its own prompt: the newest prompt is intact
+    assert churned.match_blocks([20, 21], now=2) == 2
+
+
 def test_entries_age_out():
     cache = ReplicaPrefixCache(capacity_blocks=10, max_age_s=5)
     cache.insert([1, 2], now=0)
@@ -120,7 +146,7 @@ def test_index_never_exceeds_capacity_and_the_last_prompt_matches_within_capacit
     cache = ReplicaPrefixCache(capacity_blocks=capacity)
     for t, prompt in enumerate(prompts):
         hashes = list(dict.fromkeys(prompt))  # chained hashes of one prompt are distinct
-        cache.insert(hashes, now=t)
+        cache.insert(hashes, now=t, private_blocks=t % 3)
         assert len(cache) <= capacity
         # right after insertion the prompt's head (up to the capacity) is present
         assert cache.match_blocks(hashes, now=t) == min(len(hashes), capacity)

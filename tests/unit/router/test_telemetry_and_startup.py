@@ -59,7 +59,10 @@ def test_a_replica_that_comes_back_within_the_grace_keeps_its_counters():
     metrics.retain_replicas({"a"}, now=10.0)  # back (readiness flapped)
     metrics.retain_replicas({"a"}, now=10.0 + REPLICA_COUNTER_GRACE_SECONDS)
     assert [
-        s.value for f in metrics.registry.collect() for s in f.samples if s.name == "tokenyard_router_requests_total"
+        s.value
+        for f in metrics.registry.collect()
+        for s in f.samples
+        if s.name == "tokenyard_router_requests_total"
     ] == [7.0]
 
 
