@@ -499,6 +499,8 @@ class PolicyRun:
     closed_tokens: int  # output tokens delivered inside them
     closed_elapsed: float
     closed_deltas: list[dict[str, float]] = field(default_factory=list)  # engine counters, closed loop
+    # output tokens/s of each round's window: their spread shows how far apart two policies must be to differ
+    closed_rounds: list[float] = field(default_factory=list)
 
 
 def summarise(run: PolicyRun) -> dict[str, float]:
@@ -514,6 +516,7 @@ def summarise(run: PolicyRun) -> dict[str, float]:
         "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
         "ttft_p99_s": round(percentile(ttfts, 0.99), 4),
         "output_tok_s": round(run.closed_tokens / run.closed_elapsed, 1) if run.closed_elapsed else 0.0,
+        "output_tok_s_rounds": [round(value, 1) for value in run.closed_rounds],
         "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
         "imbalance": round(max(served) / mean, 3) if mean else 0.0,
         "closed_prefix_hit_rate": round(closed_hits / closed_queries, 4) if closed_queries else 0.0,
@@ -661,8 +664,15 @@ async def run_slice(
                 session, dispatcher, workload, closed_clients, CLOSED_SECONDS / ROUNDS
             )
             closed_deltas = counter_deltas(after, await engine_counters(session, engines))
+        rounds = [closed_tokens / closed_elapsed] if closed_elapsed else []
         return PolicyRun(
-            results, counter_deltas(before, after), closed, closed_tokens, closed_elapsed, closed_deltas
+            results,
+            counter_deltas(before, after),
+            closed,
+            closed_tokens,
+            closed_elapsed,
+            closed_deltas,
+            rounds,
         )
     finally:
         if router:
@@ -696,6 +706,7 @@ async def run_workload(
                 seen.deltas = add_deltas(seen.deltas, part.deltas)
                 seen.closed_results += part.closed_results
                 seen.closed_tokens += part.closed_tokens
+                seen.closed_rounds += part.closed_rounds
                 seen.closed_elapsed += part.closed_elapsed
                 seen.closed_deltas = add_deltas(seen.closed_deltas, part.closed_deltas)
     return runs
@@ -795,7 +806,7 @@ async def main() -> None:
             )
             header = (
                 f"{'workload':<18}{'policy':<20}{'rate/s':>7}{'clients':>8}{'ttft p50 s':>11}{'ttft p99 s':>11}"
-                f"{'out tok/s':>10}{'hit rate':>9}{'imbal':>7}{'errors':>7}{'closed hits':>12}"
+                f"{'out tok/s':>10}{'hit rate':>9}{'imbal':>7}{'errors':>7}{'closed hits':>12}  tok/s by round"
             )
             print(header, flush=True)
             for workload, level in levels.items():
@@ -812,7 +823,8 @@ async def main() -> None:
                         f"{workload:<18}{policy:<20}{rate:>7.1f}{clients:>8}{figures['ttft_p50_s']:>11.3f}"
                         f"{figures['ttft_p99_s']:>11.3f}{figures['output_tok_s']:>10.0f}"
                         f"{figures['prefix_hit_rate']:>9.3f}{figures['imbalance']:>7.2f}{figures['errors']:>7}"
-                        f"{figures['closed_prefix_hit_rate']:>12.3f}",
+                        f"{figures['closed_prefix_hit_rate']:>12.3f}  "
+                        + " ".join(f"{value:.0f}" for value in figures["output_tok_s_rounds"]),
                         flush=True,
                     )
             results["overhead"] = await overhead(session, engines)
