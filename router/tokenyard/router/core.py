@@ -341,10 +341,11 @@ DEFAULT_FILTERS = ("healthy", "notEjected", "revision")
 # the traffic (alone, or sharing through Redis) knows its outstanding tokens exactly and now, and in
 # bench/bench_router.py giving the scraped signals even 0.1 each raised TTFT p99 by roughly half on the shared-
 # prefix and no-sharing workloads. So they default to 0: weight them where traffic bypasses the router.
-# prefixCache is a tie-breaker on top of outstandingTokens, which already counts a cached prefix as prefill
-# saved, in tokens: min-max normalised, the best match gets full credit however small its lead (a system prompt
-# every replica will soon hold), and at weight 1 that credit piled conversations on one replica (bench-router
-# multi_turn: imbalance 2.5, TTFT p99 0.32 s against 0.27 s at 0.25; shared_prefix_70: 1.00 s against 0.57 s).
+# prefixCache adds to outstandingTokens, which already counts a cached prefix as prefill saved: both are in
+# tokens on one scale (scale_tokens), so at 0.25 a cached token offsets a quarter of a token of load on top of
+# the prefill it saves. bench-router (BENCH_VARIANTS, one run) gave 0.25, 0.5 and 1.0 the same closed-loop
+# tokens/s within 1% on the shared-prefix workloads and within the run's noise on multi_turn (1,424 / 1,456 /
+# 1,383); 0.25 is kept as the value that gives load the most say when the guard has not yet stepped in.
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,
