@@ -346,16 +346,9 @@ class Rollout(ApiModel):
 class ScorerWeights(ApiModel):
     """Weights of the router's scorers for this model."""
 
-    outstanding_tokens: float = Field(
-        default=1.0, ge=0, description="Weight of the outstanding-tokens (load) scorer, in tokens per token owed."
-    )
-    # 0.25, the router's own default (router/core.py DEFAULT_WEIGHTS says what bench-router measured).
-    prefix_cache: float = Field(
-        default=0.25,
-        ge=0,
-        description="Weight of the prefix-cache locality scorer: how many tokens of load one cached prompt token "
-        "offsets (load and locality share one token scale).",
-    )
+    outstanding_tokens: float = Field(default=1.0, ge=0, description="Weight of the outstanding-tokens (load) scorer.")
+    # 0.25, the router's own default (router/core.py DEFAULT_WEIGHTS says what bench-router measured at 1.0).
+    prefix_cache: float = Field(default=0.25, ge=0, description="Weight of the prefix-cache locality scorer.")
     # 0 by default: scraped engine metrics lag by up to a scrape behind the router's own accounting, and
     # bench-router measured them making TTFT p99 worse whenever the router sees all the traffic.
     kv_cache: float = Field(

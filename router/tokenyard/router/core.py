@@ -2,8 +2,7 @@
 
 Mirrors the scheduler frameworks (kube-scheduler's framework, the Gateway API inference extension's endpoint
 picker): each plug-in is small; weights come from configuration (``ModelDeployment.spec.routing.weights``);
-scorers measured in tokens (load, cached prefix) share one scale so that their weights are exchange rates, the
-others are normalised min-max across the candidates (all equal -> 1.0), before the weighted sum;
+each scorer's values are normalised min-max across the candidates (all equal -> 1.0) before the weighted sum;
 the picker takes the best score and breaks ties at random after a stable sort. Everything here is pure: the
 snapshot, the request and the time come in as arguments, the decision goes out.
 """
@@ -188,9 +187,6 @@ def normalise(raw: Sequence[float | None], higher_is_better: bool) -> list[float
 class Scorer(Plugin):
     kind = "scorer"
     higher_is_better: ClassVar[bool] = True
-    # Scorers whose raw values are tokens share one scale in a decision (see scale_tokens), so that their
-    # weights compare like amounts; the others are unitless signals, normalised min-max each on its own.
-    in_tokens: ClassVar[bool] = False
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         raise NotImplementedError
@@ -209,7 +205,6 @@ def expected_load(request: RoutingRequest, replica: ReplicaSnapshot) -> int:
 
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     higher_is_better = False
-    in_tokens = True
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         return [float(expected_load(request, replica)) for replica in candidates]
@@ -251,8 +246,6 @@ class HotSpotGuard:
 
 class PrefixCacheScorer(Scorer, name="prefixCache"):
     """Prompt tokens the replica most likely still caches, with the hot-spot guard applied."""
-
-    in_tokens = True
 
     def __init__(self, guard: HotSpotGuard | None = None) -> None:
         self.guard = guard or HotSpotGuard()
@@ -298,27 +291,6 @@ class OutstandingRequestsScorer(Scorer, name="outstandingRequests"):
         return [float(replica.outstanding_requests) for replica in candidates]
 
 
-def scale_tokens(raws: Sequence[Sequence[float]], higher_is_better: Sequence[bool]) -> list[list[float]]:
-    """Scores in [0, 1] for scorers measured in tokens, all divided by one scale: the widest spread of any of
-    them across the candidates. Each keeps its own direction (best candidate highest).
-
-    Why not min-max each: min-max gives the best candidate full credit however small its lead, so a weight
-    stops meaning anything. With load at weight 1 and locality at 0.25 min-max, a replica busy prefilling a
-    tenant's 1,500-token prompt (1,614 tokens owed) lost the tenant's next request to an idle replica (1,547)
-    by 67 tokens, and the fleet paid the prompt's prefill twice. On one scale the weights are exchange rates:
-    a cached token at prefixCache 0.25 offsets a quarter of a token of load."""
-    spreads = [max(raw) - min(raw) for raw in raws if raw]
-    scale = max(spreads, default=0.0)
-    scored = []
-    for raw, higher in zip(raws, higher_is_better, strict=True):
-        if scale <= 0:
-            scored.append([1.0] * len(raw))
-            continue
-        best = max(raw) if higher else min(raw)
-        scored.append([1.0 - abs(best - value) / scale for value in raw])
-    return scored
-
-
 # --- picker and pipeline ----------------------------------------------------------------------------------
 
 TIE_EPSILON = 1e-9
@@ -341,11 +313,14 @@ DEFAULT_FILTERS = ("healthy", "notEjected", "revision")
 # the traffic (alone, or sharing through Redis) knows its outstanding tokens exactly and now, and in
 # bench/bench_router.py giving the scraped signals even 0.1 each raised TTFT p99 by roughly half on the shared-
 # prefix and no-sharing workloads. So they default to 0: weight them where traffic bypasses the router.
-# prefixCache adds to outstandingTokens, which already counts a cached prefix as prefill saved: both are in
-# tokens on one scale (scale_tokens), so at 0.25 a cached token offsets a quarter of a token of load on top of
-# the prefill it saves. bench-router (BENCH_VARIANTS, one run) gave 0.25, 0.5 and 1.0 the same closed-loop
-# tokens/s within 1% on the shared-prefix workloads and within the run's noise on multi_turn (1,424 / 1,456 /
-# 1,383); 0.25 is kept as the value that gives load the most say when the guard has not yet stepped in.
+# prefixCache is a tie-breaker on top of outstandingTokens, which already counts a cached prefix as prefill
+# saved, in tokens: min-max normalised, the best match gets full credit however small its lead (a system prompt
+# every replica will soon hold), and at weight 1 that credit piled conversations on one replica (bench-router
+# multi_turn: imbalance 2.5, TTFT p99 0.32 s against 0.27 s at 0.25; shared_prefix_70: 1.00 s against 0.57 s).
+# Tried and reverted: load and locality on one token scale (a cached token worth 0.25 of a token of load, no
+# min-max). Open-loop hit rate rose to sglang-router's (0.784 vs 0.762) with the same TTFT p99 and tokens/s on
+# shared_prefix_70, but on multi_turn one of three closed-loop rounds dipped in two full runs (1,209 and 1,018
+# tok/s against ~1,400), min-max never did (bench-router, BENCH_VARIANTS, 2026-12-03).
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,
@@ -398,19 +373,8 @@ class Pipeline:
         candidates = unsaturated
         totals = dict.fromkeys((replica.name for replica in candidates), 0.0)
         breakdown: dict[str, dict[str, float]] = {}
-        token_scorers = [scorer for scorer, _ in self.scorers if scorer.in_tokens]
-        token_raws = [[float(v or 0.0) for v in scorer.raw(request, candidates)] for scorer in token_scorers]
-        directions = [scorer.higher_is_better for scorer in token_scorers]
-        token_scores = {
-            scorer.name: scores
-            for scorer, scores in zip(token_scorers, scale_tokens(token_raws, directions), strict=True)
-        }
         for scorer, weight in self.scorers:
-            scores = (
-                token_scores[scorer.name]
-                if scorer.name in token_scores
-                else scorer.score(request, candidates)
-            )
+            scores = scorer.score(request, candidates)
             breakdown[scorer.name] = {
                 replica.name: score for replica, score in zip(candidates, scores, strict=True)
             }

@@ -19,7 +19,6 @@ from tokenyard.router.core import (
     choose_revision,
     normalise,
     pick_max,
-    scale_tokens,
 )
 
 
@@ -133,29 +132,6 @@ def test_pipeline_prefers_the_cached_replica_when_load_is_close():
     decision = pipeline.decide(request(3000, {"a": 2900}), replicas, random.Random(0))
     assert decision.replica.name == "a"
     assert "prefixCache" in decision.breakdown
-
-
-def test_token_scorers_share_one_scale():
-    load = [1614.0, 1547.0, 1600.0]  # lower is better
-    cached = [1504.0, 0.0, 0.0]  # higher is better
-    load_scores, cached_scores = scale_tokens([load, cached], [False, True])
-    # the widest spread (1504 cached tokens) sets the scale: 67 tokens of load are worth 67/1504 of a point
-    assert load_scores == pytest.approx([1 - 67 / 1504, 1.0, 1 - 53 / 1504])
-    assert cached_scores == [1.0, 0.0, 0.0]
-    assert scale_tokens([[5.0, 5.0], [0.0, 0.0]], [False, True]) == [[1.0, 1.0], [1.0, 1.0]]
-
-
-def test_a_replica_prefilling_a_prompt_keeps_that_prompts_next_request():
-    """The request's prompt is being prefilled on a (1,547 tokens owed); b is idle. Going to b would be 67
-    tokens sooner and cost the fleet the prompt's 1,504-token prefix a second time. With default weights,
-    the locality credit (0.25 x 1,504 tokens) outweighs the 67 tokens; min-max normalised, it did not."""
-    pipeline = Pipeline.from_config()
-    replicas = [snap("a", outstanding_tokens=1571, outstanding_requests=1), snap("b")]
-    decision = pipeline.decide(request(1547, {"a": 1504}), replicas, random.Random(0))
-    assert decision.replica.name == "a"
-    # far enough ahead, load wins: b is idle and a owes 10 prompts more
-    replicas = [snap("a", outstanding_tokens=16000, outstanding_requests=2), snap("b")]
-    assert pipeline.decide(request(1547, {"a": 1504}), replicas, random.Random(0)).replica.name == "b"
 
 
 def test_choose_revision_follows_weights_and_skips_unavailable():
