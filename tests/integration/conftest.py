@@ -36,7 +36,10 @@ def wait_for(check, timeout: float = 30.0, interval: float = 0.1, what: str = "c
         except Exception as e:  # noqa: BLE001 - the condition is still settling; report the last error on timeout
             last_error = e
         time.sleep(interval)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_error!r})" if last_error else ""))
+    pytest.fail(
+        f"timed out after {timeout}s waiting for {what}"
+        + (f" (last error: {last_error!r})" if last_error else "")
+    )
 
 
 class Kubectl:
@@ -93,7 +96,10 @@ def namespace(devcluster, kube_api):
     name = f"t-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name}})
     # Pods are admitted only once the ServiceAccount controller has made the namespace's default account.
-    wait_for(lambda: core.read_namespaced_service_account("default", name), what=f"default ServiceAccount in {name}")
+    wait_for(
+        lambda: core.read_namespaced_service_account("default", name),
+        what=f"default ServiceAccount in {name}",
+    )
     yield name
     core.delete_namespace(name)
 
@@ -131,7 +137,9 @@ class ManagedProcess:
 OPERATOR_ENV = {"TOKENYARD_RESYNC_SECONDS": "2", "TOKENYARD_BIND_TIMEOUT_SECONDS": "5"}
 
 
-def operator_process(kubeconfig: Path, log_path: Path, *extra: str, env: dict[str, str] | None = None) -> ManagedProcess:
+def operator_process(
+    kubeconfig: Path, log_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> ManagedProcess:
     args = ["tokenyard.operator", "--kubeconfig", str(kubeconfig), "--metrics-port", "0", *extra]
     return ManagedProcess(args, log_path, {**OPERATOR_ENV, **(env or {})})
 
@@ -183,7 +191,14 @@ def prometheus_process(folder: Path, scrape_configs: list[dict]) -> tuple[Manage
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config = folder / "prometheus.yml"
-    config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape_configs}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "scrape_configs": scrape_configs,
+            }
+        )
+    )
     process = ManagedProcess([], folder / "prometheus.log")
     process.args = [
         f"--config.file={config}",
@@ -192,7 +207,9 @@ def prometheus_process(folder: Path, scrape_configs: list[dict]) -> tuple[Manage
         "--log.level=warn",
     ]
     log = open(process.log_path, "ab")
-    process.proc = subprocess.Popen([binary, *process.args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    process.proc = subprocess.Popen(
+        [binary, *process.args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
     log.close()
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: _http_ok(f"{url}/-/ready"), timeout=30, what="Prometheus to be ready")
@@ -211,7 +228,9 @@ def prometheus_query(url: str, query: str) -> list[dict]:
     import urllib.parse
     import urllib.request
 
-    with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=5) as r:
+    with urllib.request.urlopen(
+        f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=5
+    ) as r:
         body = json.loads(r.read())
     assert body["status"] == "success", body
     return body["data"]["result"]

@@ -28,7 +28,12 @@ def example(name: str) -> dict:
 def minimal(name: str = "m", **spec_overrides) -> dict:
     spec = {"model": {"weights": {"uri": "hf://org/model"}}, "engine": {"image": "vllm/vllm-openai:v0.11.0"}}
     spec.update(spec_overrides)
-    return {"apiVersion": labels.API_VERSION, "kind": "ModelDeployment", "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": labels.API_VERSION,
+        "kind": "ModelDeployment",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
 @pytest.fixture
@@ -41,7 +46,9 @@ def test_every_example_applies_and_reads_back_with_defaults(kubectl, namespace, 
     doc = yaml.safe_load(path.read_text())
     kubectl.apply(path.read_text(), namespace)
     kind = doc["kind"].lower()
-    got = yaml.safe_load(kubectl.run("get", kind, doc["metadata"]["name"], "-n", namespace, "-o", "yaml").stdout)
+    got = yaml.safe_load(
+        kubectl.run("get", kind, doc["metadata"]["name"], "-n", namespace, "-o", "yaml").stdout
+    )
     if doc["kind"] == "ModelDeployment":
         spec = got["spec"]
         assert spec["engine"]["port"] == 8000
@@ -58,8 +65,18 @@ def test_every_example_applies_and_reads_back_with_defaults(kubectl, namespace, 
 INVALID_MODEL_DEPLOYMENTS = [
     ("tensor-not-power-of-two", {"parallelism": {"tensor": 6}}, "spec.parallelism.tensor", "power of two"),
     ("tensor-zero", {"parallelism": {"tensor": 0}}, "spec.parallelism.tensor", "greater than or equal to 1"),
-    ("gpus-per-pod-not-dividing", {"parallelism": {"tensor": 8, "gpusPerPod": 3}}, "spec.parallelism.gpusPerPod", "divide"),
-    ("gpus-per-pod-too-big", {"parallelism": {"tensor": 2, "gpusPerPod": 4}}, "spec.parallelism.gpusPerPod", "exceed"),
+    (
+        "gpus-per-pod-not-dividing",
+        {"parallelism": {"tensor": 8, "gpusPerPod": 3}},
+        "spec.parallelism.gpusPerPod",
+        "divide",
+    ),
+    (
+        "gpus-per-pod-too-big",
+        {"parallelism": {"tensor": 2, "gpusPerPod": 4}},
+        "spec.parallelism.gpusPerPod",
+        "exceed",
+    ),
     ("negative-replicas", {"replicas": -1}, "spec.replicas", "greater than or equal to 0"),
     ("unknown-required-level", {"placement": {"required": "datacenter"}}, "spec.placement.required", "level"),
     ("unknown-preferred-level", {"placement": {"preferred": "row"}}, "spec.placement.preferred", "level"),
@@ -78,17 +95,34 @@ INVALID_MODEL_DEPLOYMENTS = [
     ),
     ("canary-without-steps", {"rollout": {"strategy": "Canary"}}, "spec.rollout.steps", "at least one step"),
     ("no-surge-no-unavailable", {"rollout": {"maxSurge": 0}}, "spec.rollout.maxSurge", "cannot both be 0"),
-    ("alpha-out-of-range", {"rollout": {"analysis": {"alpha": 0.7}}}, "spec.rollout.analysis.alpha", "less than 0.5"),
-    ("bad-port", {"engine": {"image": "x", "port": 70000}}, "spec.engine.port", "less than or equal to 65535"),
+    (
+        "alpha-out-of-range",
+        {"rollout": {"analysis": {"alpha": 0.7}}},
+        "spec.rollout.analysis.alpha",
+        "less than 0.5",
+    ),
+    (
+        "bad-port",
+        {"engine": {"image": "x", "port": 70000}},
+        "spec.engine.port",
+        "less than or equal to 65535",
+    ),
     ("empty-image", {"engine": {"image": ""}}, "spec.engine.image", "at least 1"),
-    ("bad-digest", {"model": {"weights": {"uri": "x", "digest": "md5"}}}, "spec.model.weights.digest", "should match"),
+    (
+        "bad-digest",
+        {"model": {"weights": {"uri": "x", "digest": "md5"}}},
+        "spec.model.weights.digest",
+        "should match",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "case,overrides,field,words", INVALID_MODEL_DEPLOYMENTS, ids=[c[0] for c in INVALID_MODEL_DEPLOYMENTS]
 )
-def test_invalid_model_deployment_is_rejected_naming_the_field(crd_api, namespace, case, overrides, field, words):
+def test_invalid_model_deployment_is_rejected_naming_the_field(
+    crd_api, namespace, case, overrides, field, words
+):
     body = minimal(case)
     for key, value in overrides.items():
         body["spec"][key] = value if key not in body["spec"] else {**body["spec"][key], **value}
@@ -99,17 +133,39 @@ def test_invalid_model_deployment_is_rejected_naming_the_field(crd_api, namespac
 
 
 INVALID_AUTOSCALERS = [
-    ("min-above-max", {"minReplicas": 5, "maxReplicas": 2}, "spec.minReplicas", "must not exceed maxReplicas"),
-    ("promql-without-query", {"signals": [{"kind": "PromQL", "target": 1}]}, "spec.signals[0].query", "needs a query"),
-    ("zero-target", {"signals": [{"kind": "KVCacheUsage", "target": 0}]}, "spec.signals[0].target", "greater than 0"),
+    (
+        "min-above-max",
+        {"minReplicas": 5, "maxReplicas": 2},
+        "spec.minReplicas",
+        "must not exceed maxReplicas",
+    ),
+    (
+        "promql-without-query",
+        {"signals": [{"kind": "PromQL", "target": 1}]},
+        "spec.signals[0].query",
+        "needs a query",
+    ),
+    (
+        "zero-target",
+        {"signals": [{"kind": "KVCacheUsage", "target": 0}]},
+        "spec.signals[0].target",
+        "greater than 0",
+    ),
     ("bad-mode", {"mode": "Sometimes"}, "spec.mode", "Unsupported value"),
 ]
 
 
-@pytest.mark.parametrize("case,overrides,field,words", INVALID_AUTOSCALERS, ids=[c[0] for c in INVALID_AUTOSCALERS])
+@pytest.mark.parametrize(
+    "case,overrides,field,words", INVALID_AUTOSCALERS, ids=[c[0] for c in INVALID_AUTOSCALERS]
+)
 def test_invalid_autoscaler_is_rejected_naming_the_field(crd_api, namespace, case, overrides, field, words):
     spec = {"scaleTargetRef": {"name": "m"}, "maxReplicas": 4, **overrides}
-    body = {"apiVersion": labels.API_VERSION, "kind": "InferenceAutoscaler", "metadata": {"name": case}, "spec": spec}
+    body = {
+        "apiVersion": labels.API_VERSION,
+        "kind": "InferenceAutoscaler",
+        "metadata": {"name": case},
+        "spec": spec,
+    }
     with pytest.raises(ApiException) as rejected:
         crd_api.create_namespaced_custom_object(GROUP, VERSION, namespace, "inferenceautoscalers", body)
     assert rejected.value.status == 422
@@ -128,8 +184,13 @@ def test_scale_subresource_follows_kubernetes_semantics(crd_api, kubectl, namesp
     scale = crd_api.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "scaled")
     assert scale["spec"]["replicas"] == 3
     assert scale["status"]["replicas"] == 2 and scale["status"]["selector"] == "a=b"
-    crd_api.patch_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "scaled", {"spec": {"replicas": 5}})
-    assert crd_api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "scaled")["spec"]["replicas"] == 5
+    crd_api.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, namespace, PLURAL, "scaled", {"spec": {"replicas": 5}}
+    )
+    assert (
+        crd_api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "scaled")["spec"]["replicas"]
+        == 5
+    )
 
 
 def test_status_subresource_separates_spec_and_status(crd_api, namespace):
@@ -148,7 +209,9 @@ def test_status_subresource_separates_spec_and_status(crd_api, namespace):
     assert after["spec"]["replicas"] == 1
     assert after["metadata"]["generation"] == generation
     # A spec change bumps it.
-    changed = crd_api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "split", {"spec": {"replicas": 2}})
+    changed = crd_api.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "split", {"spec": {"replicas": 2}}
+    )
     assert changed["metadata"]["generation"] == generation + 1
 
 
@@ -159,7 +222,9 @@ def test_kwok_nodes_carry_the_topology_and_gpus(kube_api):
     for node in nodes:
         assert node.status.allocatable[labels.GPU_RESOURCE] == str(topology.gpus_per_node)
         assert node.metadata.labels[labels.NODE_GPU_PRODUCT] == topology.gpu_product
-        zone, rack, domain = (node.metadata.labels[k] for k in (labels.NODE_ZONE, labels.NODE_RACK, labels.NODE_NVLINK_DOMAIN))
+        zone, rack, domain = (
+            node.metadata.labels[k] for k in (labels.NODE_ZONE, labels.NODE_RACK, labels.NODE_NVLINK_DOMAIN)
+        )
         assert domain.startswith(rack) and rack.startswith(zone)
     domains = {n.metadata.labels[labels.NODE_NVLINK_DOMAIN] for n in nodes}
     assert len(domains) == topology.zones * topology.racks_per_zone * topology.nvlink_domains_per_rack
@@ -169,7 +234,11 @@ def test_gpu_pod_is_scheduled_on_a_fake_node_with_a_loopback_ip(kube_api, namesp
     core = client.CoreV1Api(kube_api)
     pod = {
         "metadata": {"name": "gpu-probe"},
-        "spec": {"containers": [{"name": "c", "image": "none", "resources": {"limits": {labels.GPU_RESOURCE: "8"}}}]},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "none", "resources": {"limits": {labels.GPU_RESOURCE: "8"}}}
+            ]
+        },
     }
     core.create_namespaced_pod(namespace, pod)
 
@@ -186,12 +255,18 @@ def test_pod_asking_more_gpus_than_any_node_stays_pending(kube_api, namespace):
     core = client.CoreV1Api(kube_api)
     pod = {
         "metadata": {"name": "too-big"},
-        "spec": {"containers": [{"name": "c", "image": "none", "resources": {"limits": {labels.GPU_RESOURCE: "9"}}}]},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "none", "resources": {"limits": {labels.GPU_RESOURCE: "9"}}}
+            ]
+        },
     }
     core.create_namespaced_pod(namespace, pod)
 
     def unschedulable():
         p = core.read_namespaced_pod("too-big", namespace)
-        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in (p.status.conditions or []))
+        return any(
+            c.type == "PodScheduled" and c.reason == "Unschedulable" for c in (p.status.conditions or [])
+        )
 
     wait_for(unschedulable, timeout=30, what="the scheduler to report the pod Unschedulable")

@@ -37,7 +37,9 @@ def helm_binary():
 def install(binary, kubeconfig, release: str, namespace: str, *values: str) -> subprocess.CompletedProcess:
     """`helm install` of the chart, CRDs left out (the session fixture applies them), with `--set` values."""
     sets = [arg for value in values for arg in ("--set", value)]
-    return helm(binary, kubeconfig, "install", release, str(CHART), "--namespace", namespace, "--skip-crds", *sets)
+    return helm(
+        binary, kubeconfig, "install", release, str(CHART), "--namespace", namespace, "--skip-crds", *sets
+    )
 
 
 def helm(binary, kubeconfig, *args: str) -> subprocess.CompletedProcess:

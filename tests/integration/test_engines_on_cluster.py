@@ -38,7 +38,10 @@ def test_each_group_leader_serves_the_model_on_its_pod_ip(stack, kube_api, names
         "metadata": {"name": "served"},
         "spec": {
             "model": {"servedModelName": "team/llama-8b", "weights": {"uri": "hf://meta-llama/Llama-3.1-8B"}},
-            "engine": {"image": "vllm/vllm-openai:v0.11.0", "env": [{"name": labels.ENV_SIM_MODEL_PRESET, "value": "llama-3.1-8b"}]},
+            "engine": {
+                "image": "vllm/vllm-openai:v0.11.0",
+                "env": [{"name": labels.ENV_SIM_MODEL_PRESET, "value": "llama-3.1-8b"}],
+            },
             "parallelism": {"tensor": 16, "gpusPerPod": 8},
             "replicas": 2,
         },
@@ -47,14 +50,19 @@ def test_each_group_leader_serves_the_model_on_its_pod_ip(stack, kube_api, names
 
     def leaders_ready():
         pods = core.list_namespaced_pod(namespace, label_selector=f"{labels.MODEL_DEPLOYMENT}=served").items
-        leaders = [p for p in pods if p.metadata.labels[labels.ROLE] == labels.ROLE_LEADER and p.status.pod_ip]
+        leaders = [
+            p for p in pods if p.metadata.labels[labels.ROLE] == labels.ROLE_LEADER and p.status.pod_ip
+        ]
         return leaders if len(pods) == 4 and len(leaders) == 2 else None
 
     leaders = wait_for(leaders_ready, timeout=60, what="2 groups of 2 pods")
 
     def answers(ip):
         def check():
-            reply = post_json(f"http://{ip}:8000/v1/completions", {"model": "team/llama-8b", "prompt": "hi", "max_tokens": 4})
+            reply = post_json(
+                f"http://{ip}:8000/v1/completions",
+                {"model": "team/llama-8b", "prompt": "hi", "max_tokens": 4},
+            )
             return reply["usage"]["completion_tokens"] == 4 and reply
 
         return check
@@ -63,6 +71,8 @@ def test_each_group_leader_serves_the_model_on_its_pod_ip(stack, kube_api, names
         assert pod.status.pod_ip.startswith("127.")
         wait_for(answers(pod.status.pod_ip), timeout=30, what=f"the engine on {pod.status.pod_ip}")
     # Workers run no engine of their own: a multi-pod engine serves through its leader.
-    workers = core.list_namespaced_pod(namespace, label_selector=f"{labels.MODEL_DEPLOYMENT}=served,{labels.ROLE}=worker").items
+    workers = core.list_namespaced_pod(
+        namespace, label_selector=f"{labels.MODEL_DEPLOYMENT}=served,{labels.ROLE}=worker"
+    ).items
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://{workers[0].status.pod_ip}:8000/health", timeout=2)

@@ -26,10 +26,14 @@ def _ready_pods(core, namespace):
 
 def _groups_ready(custom, core, namespace, count):
     def check():
-        status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pair").get("status", {})
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pair").get(
+            "status", {}
+        )
         pods = _ready_pods(core, namespace)
         ready = [g for g in status.get("groups", []) if g["phase"] == "Ready"]
-        return pods if len(ready) == count and status.get("replicas") == count and len(pods) == count else None
+        return (
+            pods if len(ready) == count and status.get("replicas") == count and len(pods) == count else None
+        )
 
     return check
 
@@ -41,31 +45,47 @@ def _since_last_pause(log: str) -> str | None:
     paused_at, resumed_at = log.rfind("Pausing operations"), log.rfind("Resuming operations")
     if resumed_at > paused_at:
         return None
-    return log[max(paused_at, 0):]
+    return log[max(paused_at, 0) :]
 
 
-def test_two_replicas_run_one_at_a_time_and_the_standby_takes_over_after_a_kill(devcluster, kube_api, namespace, tmp_path):
+def test_two_replicas_run_one_at_a_time_and_the_standby_takes_over_after_a_kill(
+    devcluster, kube_api, namespace, tmp_path
+):
     custom, core = client.CustomObjectsApi(kube_api), client.CoreV1Api(kube_api)
     custom.create_namespaced_custom_object(
-        "kopf.dev", "v1", namespace, "kopfpeerings",
+        "kopf.dev",
+        "v1",
+        namespace,
+        "kopfpeerings",
         {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}},
     )
     env = {"TOKENYARD_PEERING_LIFETIME_SECONDS": str(LIFETIME_SECONDS)}
     common = ("--namespace", namespace, "--peering", PEERING)
-    active = operator_process(devcluster.kubeconfig, tmp_path / "active.log", *common, "--priority", "2", env=env)
-    standby = operator_process(devcluster.kubeconfig, tmp_path / "standby.log", *common, "--priority", "1", env=env)
+    active = operator_process(
+        devcluster.kubeconfig, tmp_path / "active.log", *common, "--priority", "2", env=env
+    )
+    standby = operator_process(
+        devcluster.kubeconfig, tmp_path / "standby.log", *common, "--priority", "1", env=env
+    )
     active.start()
     standby.start()
     try:
+
         def both_peers_registered():
-            peering = custom.get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", PEERING)
+            peering = custom.get_namespaced_custom_object(
+                "kopf.dev", "v1", namespace, "kopfpeerings", PEERING
+            )
             priorities = sorted(p.get("priority") for p in (peering.get("status") or {}).values())
             return priorities == [1, 2]
 
         wait_for(both_peers_registered, timeout=60, what="both replicas in the KopfPeering status")
         # Kopf starts every replica paused and logs "Resuming operations" when the peering says it may work.
-        wait_for(lambda: "Resuming operations" in active.log(), timeout=30, what="the active replica to start")
-        wait_for(lambda: _since_last_pause(standby.log()) is not None, timeout=30, what="the standby to pause")
+        wait_for(
+            lambda: "Resuming operations" in active.log(), timeout=30, what="the active replica to start"
+        )
+        wait_for(
+            lambda: _since_last_pause(standby.log()) is not None, timeout=30, what="the standby to pause"
+        )
 
         spec = {
             "model": {"weights": {"uri": "hf://org/pair"}},
@@ -73,10 +93,19 @@ def test_two_replicas_run_one_at_a_time_and_the_standby_takes_over_after_a_kill(
             "parallelism": {"tensor": 4},
             "replicas": 3,
         }
-        body = {"apiVersion": labels.API_VERSION, "kind": "ModelDeployment", "metadata": {"name": "pair"}, "spec": spec}
+        body = {
+            "apiVersion": labels.API_VERSION,
+            "kind": "ModelDeployment",
+            "metadata": {"name": "pair"},
+            "spec": spec,
+        }
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
-        pods = wait_for(_groups_ready(custom, core, namespace, 3), timeout=60, what="3 groups by the active replica")
-        assert len({p.metadata.labels[labels.GROUP_INDEX] for p in pods}) == 3  # one pod per group, none twice
+        pods = wait_for(
+            _groups_ready(custom, core, namespace, 3), timeout=60, what="3 groups by the active replica"
+        )
+        assert (
+            len({p.metadata.labels[labels.GROUP_INDEX] for p in pods}) == 3
+        )  # one pod per group, none twice
         # The standby stayed paused while the active replica lived: it never resumed nor handled the resource.
         handled = "kopf.objects"  # the logger of every handler run on a resource
         assert handled in active.log()
@@ -84,7 +113,9 @@ def test_two_replicas_run_one_at_a_time_and_the_standby_takes_over_after_a_kill(
 
         active.stop(sig=signal.SIGKILL)
         killed_at = time.monotonic()
-        custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pair", {"spec": {"replicas": 4}})
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, "pair", {"spec": {"replicas": 4}}
+        )
         pods = wait_for(
             _groups_ready(custom, core, namespace, 4),
             timeout=LIFETIME_SECONDS + 60,

@@ -46,11 +46,16 @@ def stack(devcluster, namespace, tmp_path):
         ManagedProcess(
             [
                 "tokenyard.router",
-                "--kubeconfig", str(devcluster.kubeconfig),
-                "--namespace", namespace,
-                "--port", str(router_port),
-                "--grpc-port", "-1",
-                "--metrics-port", str(metrics_port),
+                "--kubeconfig",
+                str(devcluster.kubeconfig),
+                "--namespace",
+                namespace,
+                "--port",
+                str(router_port),
+                "--grpc-port",
+                "-1",
+                "--metrics-port",
+                str(metrics_port),
             ],
             tmp_path / "router.log",
         ).start(),
@@ -74,7 +79,9 @@ class Load:
         while not self.stop_event.is_set():
             n += 1
             body = json.dumps({"model": MODEL, "prompt": f"user {worker} asks question {n}", "max_tokens": 8})
-            request = urllib.request.Request(f"{self.router}/v1/completions", body.encode(), {"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                f"{self.router}/v1/completions", body.encode(), {"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(request, timeout=30) as response:
                     response.read()
@@ -123,12 +130,15 @@ def deployment(rollout: dict, env: list[dict] | None = None) -> dict:
 def start(kube_api, namespace, body, router):
     custom = client.CustomObjectsApi(kube_api)
     custom.create_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, "modeldeployments", body)
-    get = lambda: custom.get_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, "modeldeployments", "web")  # noqa: E731
+    get = lambda: custom.get_namespaced_custom_object(
+        labels.GROUP, labels.VERSION, namespace, "modeldeployments", "web"
+    )  # noqa: E731
     wait_for(lambda: get().get("status", {}).get("readyReplicas") == 2, timeout=60, what="2 stable groups")
 
     def served():
         request = urllib.request.Request(
-            f"{router}/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1}).encode(),
+            f"{router}/v1/completions",
+            json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 1}).encode(),
             {"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -139,14 +149,18 @@ def start(kube_api, namespace, body, router):
 
 
 def update(custom, namespace, patch):
-    custom.patch_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, "modeldeployments", "web", {"spec": patch})
+    custom.patch_namespaced_custom_object(
+        labels.GROUP, labels.VERSION, namespace, "modeldeployments", "web", {"spec": patch}
+    )
 
 
 def watch_stable_capacity(get, stable: str, stop: threading.Event, lowest: list[int]) -> threading.Thread:
     def run():
         while not stop.is_set():
             groups = get().get("status", {}).get("groups", [])
-            lowest[0] = min(lowest[0], sum(1 for g in groups if g["revision"] == stable and g["phase"] == "Ready"))
+            lowest[0] = min(
+                lowest[0], sum(1 for g in groups if g["revision"] == stable and g["phase"] == "Ready")
+            )
             stop.wait(0.2)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -168,8 +182,14 @@ def test_good_revision_is_promoted_with_no_client_error(stack, kube_api, namespa
     with Load(stack["router"]) as load:
         update(custom, namespace, {"engine": {"image": "vllm/vllm-openai:v0.12.0", "env": []}})
         obj = wait_for(
-            lambda: (o := get())["status"].get("rollout", {}).get("phase") == "Healthy" and o["status"]["currentRevision"] != stable and o,
-            timeout=150, interval=0.5, what="the good revision promoted",
+            lambda: (
+                (o := get())["status"].get("rollout", {}).get("phase") == "Healthy"
+                and o["status"]["currentRevision"] != stable
+                and o
+            ),
+            timeout=150,
+            interval=0.5,
+            what="the good revision promoted",
         )
     new = obj["status"]["currentRevision"]
     assert obj["status"]["rollout"]["analysis"]["decision"] == "Pass", obj["status"]["rollout"]
@@ -183,13 +203,29 @@ def test_bad_revision_is_rolled_back_without_errors_of_its_own(stack, kube_api, 
     stop, lowest = threading.Event(), [2]
     watcher = watch_stable_capacity(get, stable, stop, lowest)
     with Load(stack["router"]) as load:
-        update(custom, namespace, {"engine": {"image": "vllm/vllm-openai:v0.12.0",
-                                              "env": [{"name": labels.ENV_SIM_ERROR_RATE, "value": "0.5"}]}})
-        obj = wait_for(lambda: (o := get())["status"].get("rollout", {}).get("phase") == "RolledBack" and o,
-                       timeout=150, interval=0.2, what="the automatic rollback")
+        update(
+            custom,
+            namespace,
+            {
+                "engine": {
+                    "image": "vllm/vllm-openai:v0.12.0",
+                    "env": [{"name": labels.ENV_SIM_ERROR_RATE, "value": "0.5"}],
+                }
+            },
+        )
+        obj = wait_for(
+            lambda: (o := get())["status"].get("rollout", {}).get("phase") == "RolledBack" and o,
+            timeout=150,
+            interval=0.2,
+            what="the automatic rollback",
+        )
         rolled_back_at = time.time()
         # Keep the load on until the bad revision's groups are gone.
-        wait_for(lambda: {g["revision"] for g in get()["status"]["groups"]} == {stable}, timeout=60, what="the canary removed")
+        wait_for(
+            lambda: {g["revision"] for g in get()["status"]["groups"]} == {stable},
+            timeout=60,
+            what="the canary removed",
+        )
         settled = time.time()
     stop.set()
     watcher.join()
@@ -213,31 +249,53 @@ def test_shadow_step_never_changes_what_the_client_receives(stack, kube_api, nam
     custom, get = start(kube_api, namespace, deployment(rollout), stack["router"])
     stable = get()["status"]["currentRevision"]
     with Load(stack["router"]) as load:
-        update(custom, namespace, {"engine": {"image": "vllm/vllm-openai:v0.12.0",
-                                              "env": [{"name": labels.ENV_SIM_ERROR_RATE, "value": "0.3"}]}})
+        update(
+            custom,
+            namespace,
+            {
+                "engine": {
+                    "image": "vllm/vllm-openai:v0.12.0",
+                    "env": [{"name": labels.ENV_SIM_ERROR_RATE, "value": "0.3"}],
+                }
+            },
+        )
         # The shadow revision fails a third of the copies; the shadow step must not pass, and no client may notice.
         wait_for(lambda: get()["status"].get("shadow"), timeout=60, what="the shadow step to start")
         try:
-            wait_for(lambda: get()["status"].get("rollout", {}).get("phase") in ("RolledBack", "RollingBack"),
-                     timeout=90, interval=0.5, what="the failing shadow revision to be rolled back")
+            wait_for(
+                lambda: get()["status"].get("rollout", {}).get("phase") in ("RolledBack", "RollingBack"),
+                timeout=90,
+                interval=0.5,
+                what="the failing shadow revision to be rolled back",
+            )
         except BaseException as failure:
             status = get()["status"]
-            raise AssertionError(f"rollout: {status.get('rollout')}; shadow: {status.get('shadow')}") from failure
+            raise AssertionError(
+                f"rollout: {status.get('rollout')}; shadow: {status.get('shadow')}"
+            ) from failure
     assert load.errors() == [], f"shadow copies leaked errors to clients: {load.errors()[:5]}"
-    assert set(load.by_revision()) == {stable}, f"a client was answered by the shadow revision: {load.by_revision()}"
+    assert set(load.by_revision()) == {stable}, (
+        f"a client was answered by the shadow revision: {load.by_revision()}"
+    )
 
 
 def test_prometheus_stopped_mid_analysis_pauses_the_rollout(stack, kube_api, namespace):
     rollout = {
         "strategy": "Canary",
-        "analysis": {"minRequests": 1000000},  # never enough: the analysis stays pending while Prometheus answers
+        "analysis": {
+            "minRequests": 1000000
+        },  # never enough: the analysis stays pending while Prometheus answers
         "steps": [{"setWeight": 50}, {"analysis": {"timeoutSeconds": 120}}],
     }
     custom, get = start(kube_api, namespace, deployment(rollout), stack["router"])
     with Load(stack["router"], workers=2):
         update(custom, namespace, {"engine": {"image": "vllm/vllm-openai:v0.12.0", "env": []}})
-        wait_for(lambda: (get()["status"].get("rollout") or {}).get("analysis", {}).get("decision") == "Pending",
-                 timeout=90, interval=0.5, what="the analysis to run")
+        wait_for(
+            lambda: (get()["status"].get("rollout") or {}).get("analysis", {}).get("decision") == "Pending",
+            timeout=90,
+            interval=0.5,
+            what="the analysis to run",
+        )
         stack["processes"][0].stop()  # Prometheus
 
         def paused():
@@ -247,4 +305,6 @@ def test_prometheus_stopped_mid_analysis_pauses_the_rollout(stack, kube_api, nam
         paused_status = wait_for(paused, timeout=60, interval=0.5, what="the rollout to pause")
     assert paused_status["state"]["pauseReason"] == "AnalysisInconclusive"
     assert "Prometheus" in paused_status["analysis"]["reason"], paused_status["analysis"]
-    assert paused_status["canaryRevision"] and paused_status["step"] == 1, "the rollout neither promoted nor rolled back"
+    assert paused_status["canaryRevision"] and paused_status["step"] == 1, (
+        "the rollout neither promoted nor rolled back"
+    )

@@ -21,7 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMPONENTS:
         if argv and argv[0] not in ("-h", "--help"):
-            print(f"tokenyard: unknown component {argv[0]!r}; choose one of {', '.join(COMPONENTS)}", file=sys.stderr)
+            print(
+                f"tokenyard: unknown component {argv[0]!r}; choose one of {', '.join(COMPONENTS)}",
+                file=sys.stderr,
+            )
             return 2
         print(f"usage: tokenyard {{{','.join(COMPONENTS)}}} [--help | ARGS...]")
         return 0

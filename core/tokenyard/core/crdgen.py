@@ -173,7 +173,10 @@ def _crd(
                             "description": description,
                             "required": ["spec"],
                             "properties": {
-                                "apiVersion": {"type": "string", "description": "API version: tokenyard.dev/v1alpha1."},
+                                "apiVersion": {
+                                    "type": "string",
+                                    "description": "API version: tokenyard.dev/v1alpha1.",
+                                },
                                 "kind": {"type": "string", "description": f"Kind: {kind}."},
                                 "metadata": {"type": "object"},
                                 "spec": spec,
@@ -265,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         elif not path.exists() or path.read_text() != text:
             drifted.append(str(path))
     if drifted:
-        print(f"CRD YAML out of date with core/tokenyard/core/types.py: {', '.join(drifted)}; run `make crds`", file=sys.stderr)
+        print(
+            f"CRD YAML out of date with core/tokenyard/core/types.py: {', '.join(drifted)}; run `make crds`",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -64,7 +64,10 @@ POWER_OF_TWO_RULE = "self in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]"
 class ArtifactRef(ApiModel):
     """Where an artifact lives and the digest that identifies its exact content."""
 
-    uri: str = Field(min_length=1, description="Location of the artifact, e.g. s3://bucket/llama-3.1-8b/ or hf://meta-llama/Llama-3.1-8B.")
+    uri: str = Field(
+        min_length=1,
+        description="Location of the artifact, e.g. s3://bucket/llama-3.1-8b/ or hf://meta-llama/Llama-3.1-8B.",
+    )
     digest: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9]+:[a-fA-F0-9]{16,128}$",
@@ -97,17 +100,25 @@ class EnvVar(ApiModel):
 class Resources(ApiModel):
     """CPU and memory of each engine pod. GPUs come from `parallelism.gpusPerPod` and are added by the operator."""
 
-    cpu: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="CPU request and limit, e.g. \"8\".")
-    memory: str | None = Field(default=None, pattern=QUANTITY_PATTERN, description="Memory request and limit, e.g. 64Gi.")
+    cpu: str | None = Field(
+        default=None, pattern=QUANTITY_PATTERN, description='CPU request and limit, e.g. "8".'
+    )
+    memory: str | None = Field(
+        default=None, pattern=QUANTITY_PATTERN, description="Memory request and limit, e.g. 64Gi."
+    )
 
 
 class Engine(ApiModel):
     """The inference engine container run in every pod of a group (vLLM, SGLang or any OpenAI-compatible server)."""
 
-    image: str = Field(min_length=1, description="Container image of the engine, e.g. vllm/vllm-openai:v0.11.0.")
+    image: str = Field(
+        min_length=1, description="Container image of the engine, e.g. vllm/vllm-openai:v0.11.0."
+    )
     args: list[str] = Field(default_factory=list, description="Arguments of the engine container.")
     env: list[EnvVar] = Field(default_factory=list, description="Environment of the engine container.")
-    port: int = Field(default=8000, ge=1, le=65535, description="Port of the engine's OpenAI-compatible HTTP API.")
+    port: int = Field(
+        default=8000, ge=1, le=65535, description="Port of the engine's OpenAI-compatible HTTP API."
+    )
     resources: Resources = Field(default_factory=Resources, description="CPU and memory per pod.")
     pod_template: dict[str, Any] | None = Field(
         default=None,
@@ -140,7 +151,9 @@ class Parallelism(ApiModel):
         ge=1,
         le=512,
         description="Tensor-parallel degree: a positive power of two.",
-        json_schema_extra={"x-kubernetes-validations": [cel(POWER_OF_TWO_RULE, "tensor must be a positive power of two")]},
+        json_schema_extra={
+            "x-kubernetes-validations": [cel(POWER_OF_TWO_RULE, "tensor must be a positive power of two")]
+        },
     )
     pipeline: int = Field(default=1, ge=1, le=64, description="Pipeline-parallel degree.")
     gpus_per_pod: int | None = Field(
@@ -174,8 +187,17 @@ class PackingStrategy(StrEnum):
 class TopologyLevel(ApiModel):
     """One level of the GPU topology and the node label that names a node's domain at that level."""
 
-    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN, description="Level name, e.g. nvlink, rack, zone.")
-    node_label: str = Field(min_length=1, max_length=316, description="Node label whose value names the domain, e.g. topology.kubernetes.io/zone.")
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="Level name, e.g. nvlink, rack, zone.",
+    )
+    node_label: str = Field(
+        min_length=1,
+        max_length=316,
+        description="Node label whose value names the domain, e.g. topology.kubernetes.io/zone.",
+    )
 
 
 def _default_topology() -> list[TopologyLevel]:
@@ -213,21 +235,25 @@ class Placement(ApiModel):
         description="The level a whole group must fit inside (a level name, or 'node'). Unset: anywhere.",
     )
     preferred: str | None = Field(
-        default=None, description="The level a whole group should fit inside when it can (a level name, or 'node')."
+        default=None,
+        description="The level a whole group should fit inside when it can (a level name, or 'node').",
     )
     strategy: PackingStrategy = Field(
         default=PackingStrategy.BEST_FIT,
         description="BestFit packs groups to keep large blocks of GPUs free; Spread spreads groups for availability.",
     )
     gpu_product: str | None = Field(
-        default=None, description="Only nodes whose nvidia.com/gpu.product label equals this, e.g. NVIDIA-H100-80GB-HBM3."
+        default=None,
+        description="Only nodes whose nvidia.com/gpu.product label equals this, e.g. NVIDIA-H100-80GB-HBM3.",
     )
 
 
 class PauseStep(ApiModel):
     """Wait, for a duration or (without one) until promoted."""
 
-    duration_seconds: int | None = Field(default=None, ge=0, description="How long to wait; unset waits until promoted.")
+    duration_seconds: int | None = Field(
+        default=None, ge=0, description="How long to wait; unset waits until promoted."
+    )
 
 
 class ShadowStep(ApiModel):
@@ -240,7 +266,9 @@ class ShadowStep(ApiModel):
 class AnalysisStep(ApiModel):
     """Run the rollout's analysis until it reaches a verdict or the timeout passes."""
 
-    timeout_seconds: int = Field(default=600, ge=1, description="Longest wait for a verdict; then the rollout pauses.")
+    timeout_seconds: int = Field(
+        default=600, ge=1, description="Longest wait for a verdict; then the rollout pauses."
+    )
 
 
 class RolloutStep(ApiModel):
@@ -253,9 +281,13 @@ class RolloutStep(ApiModel):
         )
     )
 
-    set_weight: int | None = Field(default=None, ge=0, le=100, description="Traffic weight (0-100) of the new revision.")
+    set_weight: int | None = Field(
+        default=None, ge=0, le=100, description="Traffic weight (0-100) of the new revision."
+    )
     pause: PauseStep | None = Field(default=None, description="Wait for a duration or until promoted.")
-    shadow: ShadowStep | None = Field(default=None, description="Mirror a fraction of requests to the new revision.")
+    shadow: ShadowStep | None = Field(
+        default=None, description="Mirror a fraction of requests to the new revision."
+    )
     analysis: AnalysisStep | None = Field(default=None, description="Wait for the analysis' verdict.")
 
 
@@ -270,16 +302,28 @@ class AnalysisMetric(ApiModel):
     """A metric compared between the new and the stable revision over the same time."""
 
     model_config = rules(
-        cel("self.kind != 'PromQL' || has(self.badQuery)", "a PromQL analysis metric needs a badQuery", ".badQuery"),
         cel(
-            "self.kind != 'PromQL' || has(self.totalQuery)", "a PromQL analysis metric needs a totalQuery", ".totalQuery"
+            "self.kind != 'PromQL' || has(self.badQuery)",
+            "a PromQL analysis metric needs a badQuery",
+            ".badQuery",
         ),
-        cel("self.kind != 'TTFTOverSLO' || has(self.sloSeconds)", "TTFTOverSLO needs sloSeconds", ".sloSeconds"),
+        cel(
+            "self.kind != 'PromQL' || has(self.totalQuery)",
+            "a PromQL analysis metric needs a totalQuery",
+            ".totalQuery",
+        ),
+        cel(
+            "self.kind != 'TTFTOverSLO' || has(self.sloSeconds)",
+            "TTFTOverSLO needs sloSeconds",
+            ".sloSeconds",
+        ),
     )
 
     name: str = Field(min_length=1, max_length=63, description="Metric name shown in the status.")
     kind: AnalysisMetricKind = Field(description="A built-in comparison, or PromQL.")
-    slo_seconds: float | None = Field(default=None, gt=0, description="The time-to-first-token SLO for TTFTOverSLO.")
+    slo_seconds: float | None = Field(
+        default=None, gt=0, description="The time-to-first-token SLO for TTFTOverSLO."
+    )
     bad_query: str | None = Field(
         default=None,
         min_length=1,
@@ -298,9 +342,14 @@ class AnalysisMetric(ApiModel):
 class Analysis(ApiModel):
     """How the new revision is judged: a sequential test whose false-rollback rate holds however often it looks."""
 
-    alpha: float = Field(default=0.05, gt=0, lt=0.5, description="Tolerated rate of rolling back a revision that is not worse.")
+    alpha: float = Field(
+        default=0.05, gt=0, lt=0.5, description="Tolerated rate of rolling back a revision that is not worse."
+    )
     margin: float = Field(
-        default=0.01, ge=0, le=1, description="Absolute degradation tolerated before a revision counts as worse."
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Absolute degradation tolerated before a revision counts as worse.",
     )
     min_requests: int = Field(default=200, ge=1, description="Requests per revision before any verdict.")
     interval_seconds: int = Field(default=30, ge=1, description="How often the analysis looks.")
@@ -326,7 +375,11 @@ class Rollout(ApiModel):
             "a Canary rollout needs at least one step",
             ".steps",
         ),
-        cel("self.maxSurge > 0 || self.maxUnavailable > 0", "maxSurge and maxUnavailable cannot both be 0", ".maxSurge"),
+        cel(
+            "self.maxSurge > 0 || self.maxUnavailable > 0",
+            "maxSurge and maxUnavailable cannot both be 0",
+            ".maxSurge",
+        ),
     )
 
     strategy: RolloutStrategy = Field(
@@ -334,8 +387,12 @@ class Rollout(ApiModel):
         description="RollingUpdate replaces groups one by one; Canary follows steps with traffic weights and analysis.",
     )
     max_surge: int = Field(default=1, ge=0, description="Groups created above replicas during an update.")
-    max_unavailable: int = Field(default=0, ge=0, description="Groups that may be missing below replicas during an update.")
-    steps: list[RolloutStep] = Field(default_factory=list, max_length=32, description="Canary steps, in order.")
+    max_unavailable: int = Field(
+        default=0, ge=0, description="Groups that may be missing below replicas during an update."
+    )
+    steps: list[RolloutStep] = Field(
+        default_factory=list, max_length=32, description="Canary steps, in order."
+    )
     analysis: Analysis = Field(default_factory=Analysis, description="How the new revision is judged.")
     auto_rollback: bool = Field(default=True, description="Roll back by itself when the analysis fails.")
     drain_seconds: int = Field(
@@ -346,16 +403,22 @@ class Rollout(ApiModel):
 class ScorerWeights(ApiModel):
     """Weights of the router's scorers for this model."""
 
-    outstanding_tokens: float = Field(default=1.0, ge=0, description="Weight of the outstanding-tokens (load) scorer.")
+    outstanding_tokens: float = Field(
+        default=1.0, ge=0, description="Weight of the outstanding-tokens (load) scorer."
+    )
     # 0.25, the router's own default (router/core.py DEFAULT_WEIGHTS says what bench-router measured at 1.0).
     prefix_cache: float = Field(default=0.25, ge=0, description="Weight of the prefix-cache locality scorer.")
     # 0 by default: scraped engine metrics lag by up to a scrape behind the router's own accounting, and
     # bench-router measured them making TTFT p99 worse whenever the router sees all the traffic.
     kv_cache: float = Field(
-        default=0.0, ge=0, description="Weight of the KV-cache occupancy scorer (scraped; useful when traffic bypasses the router)."
+        default=0.0,
+        ge=0,
+        description="Weight of the KV-cache occupancy scorer (scraped; useful when traffic bypasses the router).",
     )
     queue: float = Field(
-        default=0.0, ge=0, description="Weight of the waiting-requests scorer (scraped; useful when traffic bypasses the router)."
+        default=0.0,
+        ge=0,
+        description="Weight of the waiting-requests scorer (scraped; useful when traffic bypasses the router).",
     )
 
 
@@ -364,7 +427,8 @@ class Routing(ApiModel):
 
     weights: ScorerWeights = Field(default_factory=ScorerWeights, description="Scorer weights.")
     tokenizer: str | None = Field(
-        default=None, description="Tokenizer the router uses for prefix matching; unset matches character blocks."
+        default=None,
+        description="Tokenizer the router uses for prefix matching; unset matches character blocks.",
     )
 
 
@@ -373,12 +437,20 @@ class ModelDeploymentSpec(ApiModel):
 
     model: ModelArtifact = Field(description="The model: weights, tokenizer and the name clients use.")
     engine: Engine = Field(description="The inference engine container.")
-    parallelism: Parallelism = Field(default_factory=Parallelism, description="How a group is split across GPUs and pods.")
-    replicas: int = Field(default=1, ge=0, le=1000, description="Number of replica groups. Changing it makes no revision.")
-    placement: Placement = Field(default_factory=Placement, description="Where groups go on the GPU topology.")
+    parallelism: Parallelism = Field(
+        default_factory=Parallelism, description="How a group is split across GPUs and pods."
+    )
+    replicas: int = Field(
+        default=1, ge=0, le=1000, description="Number of replica groups. Changing it makes no revision."
+    )
+    placement: Placement = Field(
+        default_factory=Placement, description="Where groups go on the GPU topology."
+    )
     rollout: Rollout = Field(default_factory=Rollout, description="How new revisions replace running ones.")
     routing: Routing = Field(default_factory=Routing, description="How the router chooses a replica.")
-    paused: bool = Field(default=False, description="Holds the rollout at its current step until set back to false.")
+    paused: bool = Field(
+        default=False, description="Holds the rollout at its current step until set back to false."
+    )
 
 
 # --------------------------------------------------------------------------- ModelDeployment: status
@@ -394,7 +466,9 @@ class Condition(ApiModel):
     reason: str | None = Field(default=None, description="One-word CamelCase reason.")
     message: str | None = Field(default=None, description="Human-readable details.")
     last_transition_time: str | None = Field(default=None, description="When the status last changed.")
-    observed_generation: int | None = Field(default=None, description="The generation the condition was set for.")
+    observed_generation: int | None = Field(
+        default=None, description="The generation the condition was set for."
+    )
 
 
 class GroupStatus(ApiModel):
@@ -406,7 +480,9 @@ class GroupStatus(ApiModel):
     revision: str = Field(description="Revision the group runs.")
     phase: str = Field(description="Pending, Placed, Ready, Failed or Terminating.")
     nodes: list[str] = Field(default_factory=list, description="Node of each rank, leader first.")
-    domain: str | None = Field(default=None, description="The innermost topology domain holding the whole group.")
+    domain: str | None = Field(
+        default=None, description="The innermost topology domain holding the whole group."
+    )
     ready_pods: int = Field(default=0, description="Ready pods of the group.")
     pods: int = Field(default=0, description="Pods the group needs.")
     message: str | None = Field(default=None, description="Why the group is not Ready, when it is not.")
@@ -449,11 +525,15 @@ class RolloutStatus(ApiModel):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
-    phase: str | None = Field(default=None, description="Healthy, Progressing, Paused, Promoting, RollingBack or RolledBack.")
+    phase: str | None = Field(
+        default=None, description="Healthy, Progressing, Paused, Promoting, RollingBack or RolledBack."
+    )
     step: int | None = Field(default=None, description="Index of the current step.")
     step_started: str | None = Field(default=None, description="When the current step began.")
     reason: str | None = Field(default=None, description="Why the rollout last changed phase.")
-    stable_revision: str | None = Field(default=None, description="The revision that serves while the rollout runs.")
+    stable_revision: str | None = Field(
+        default=None, description="The revision that serves while the rollout runs."
+    )
     canary_revision: str | None = Field(default=None, description="The revision being rolled out.")
     analysis: dict[str, Any] | None = Field(
         default=None,
@@ -473,18 +553,26 @@ class ModelDeploymentStatus(ApiModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     observed_generation: int | None = Field(default=None, description="The generation this status describes.")
-    replicas: int = Field(default=0, description="Groups that exist (placed or not), the scale subresource's status.")
+    replicas: int = Field(
+        default=0, description="Groups that exist (placed or not), the scale subresource's status."
+    )
     placed_replicas: int = Field(default=0, description="Groups with every pod placed on a node.")
     ready_replicas: int = Field(default=0, description="Groups with every pod Ready.")
     updated_replicas: int = Field(default=0, description="Groups at the update revision.")
-    selector: str | None = Field(default=None, description="Label selector of the engine pods (scale subresource).")
+    selector: str | None = Field(
+        default=None, description="Label selector of the engine pods (scale subresource)."
+    )
     current_revision: str | None = Field(default=None, description="The revision serving most traffic.")
     update_revision: str | None = Field(default=None, description="The revision of the current spec.")
-    revision_history: list[RevisionRecord] = Field(default_factory=list, description="Recent revisions, newest last.")
+    revision_history: list[RevisionRecord] = Field(
+        default_factory=list, description="Recent revisions, newest last."
+    )
     groups: list[GroupStatus] = Field(default_factory=list, description="Every group.")
     traffic: list[RevisionWeight] = Field(default_factory=list, description="Traffic weight per revision.")
     shadow: ShadowStatus | None = Field(default=None, description="Shadow copies, during a shadow step.")
-    rollout: RolloutStatus | None = Field(default=None, description="The rollout in progress or last finished.")
+    rollout: RolloutStatus | None = Field(
+        default=None, description="The rollout in progress or last finished."
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Available, Progressing, Degraded, InsufficientCapacity.",
@@ -515,7 +603,9 @@ class SignalKind(StrEnum):
 class Signal(ApiModel):
     """A measurement with a target per group; the autoscaler keeps each signal near its target."""
 
-    model_config = rules(cel("self.kind != 'PromQL' || has(self.query)", "a PromQL signal needs a query", ".query"))
+    model_config = rules(
+        cel("self.kind != 'PromQL' || has(self.query)", "a PromQL signal needs a query", ".query")
+    )
 
     kind: SignalKind = Field(
         description="What is measured: QueuedTokens (prompt tokens waiting), WaitingRequests, TokenLoad (tokens "
@@ -556,7 +646,9 @@ class InferenceAutoscalerSpec(ApiModel):
     """Scales replica groups from queue depth, KV-cache occupancy and latency read from Prometheus."""
 
     model_config = rules(
-        cel("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas", ".minReplicas"),
+        cel(
+            "self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas", ".minReplicas"
+        ),
         # A panic window shorter than the interval holds at most one sample: it cannot tell a burst from noise.
         cel(
             "self.panicWindowSeconds >= self.intervalSeconds",
@@ -574,7 +666,8 @@ class InferenceAutoscalerSpec(ApiModel):
     min_replicas: int = Field(default=1, ge=0, description="Fewest groups.")
     max_replicas: int = Field(ge=1, le=1000, description="Most groups.")
     mode: AutoscalerMode = Field(
-        default=AutoscalerMode.AUTO, description="Auto writes the scale; RecommendOnly only publishes the recommendation."
+        default=AutoscalerMode.AUTO,
+        description="Auto writes the scale; RecommendOnly only publishes the recommendation.",
     )
     signals: list[Signal] = Field(
         default_factory=lambda: [Signal(kind=SignalKind.QUEUED_TOKENS, target=2000)],
@@ -582,24 +675,44 @@ class InferenceAutoscalerSpec(ApiModel):
         max_length=8,
         description="Signals with targets; the largest recommendation wins.",
     )
-    interval_seconds: int = Field(default=5, ge=1, description="How often to decide (and sample every signal).")
+    interval_seconds: int = Field(
+        default=5, ge=1, description="How often to decide (and sample every signal)."
+    )
     stable_window_seconds: int = Field(default=60, ge=1, description="Window averaged for normal decisions.")
     panic_window_seconds: int = Field(
-        default=10, ge=1, description="Short window that can scale up fast in a burst; at least intervalSeconds."
+        default=10,
+        ge=1,
+        description="Short window that can scale up fast in a burst; at least intervalSeconds.",
     )
-    panic_threshold: float = Field(default=2.0, gt=1, description="Panic when the short window asks this many times the current groups.")
-    tolerance: float = Field(default=0.1, ge=0, lt=1, description="No action while every signal is within this fraction of its target.")
-    cold_start_seconds: int = Field(default=120, ge=0, description="Time for a new group to load its model; scale this far ahead of the trend.")
-    stale_after_seconds: int = Field(default=60, ge=1, description="Samples older than this count as missing.")
+    panic_threshold: float = Field(
+        default=2.0, gt=1, description="Panic when the short window asks this many times the current groups."
+    )
+    tolerance: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="No action while every signal is within this fraction of its target.",
+    )
+    cold_start_seconds: int = Field(
+        default=120,
+        ge=0,
+        description="Time for a new group to load its model; scale this far ahead of the trend.",
+    )
+    stale_after_seconds: int = Field(
+        default=60, ge=1, description="Samples older than this count as missing."
+    )
     scale_up: ScalingRule = Field(default_factory=ScalingRule, description="Scale-up rate limit.")
-    scale_down: ScalingRule = Field(default_factory=_default_scale_down, description="Scale-down rate limit and stabilisation.")
+    scale_down: ScalingRule = Field(
+        default_factory=_default_scale_down, description="Scale-down rate limit and stabilisation."
+    )
 
 
 class SignalStatus(ApiModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     name: str | None = Field(
-        default=None, description="The signal's name: its kind, with its index in spec.signals when a kind repeats."
+        default=None,
+        description="The signal's name: its kind, with its index in spec.signals when a kind repeats.",
     )
     kind: str = Field(description="Signal kind.")
     value: float | None = Field(default=None, description="Last value; unset when there was no data.")
@@ -630,4 +743,3 @@ class InferenceAutoscalerStatus(ApiModel):
         description="AbleToScale, ScalingActive, ScalingLimited.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-

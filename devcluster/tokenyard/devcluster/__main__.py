@@ -24,10 +24,17 @@ def main(argv: list[str] | None = None) -> int:
         description="A real local Kubernetes control plane (etcd, kube-apiserver, controller manager, scheduler) "
         "with fake GPU nodes from kwok.",
     )
-    parser.add_argument("--dir", type=Path, default=default_state_dir(), help="state folder (default: %(default)s)")
+    parser.add_argument(
+        "--dir", type=Path, default=default_state_dir(), help="state folder (default: %(default)s)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the control plane and print the kubeconfig path")
-    up.add_argument("--port", type=int, default=DEFAULT_API_PORT, help="API server port on 127.0.0.1 (default %(default)s)")
+    up.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_API_PORT,
+        help="API server port on 127.0.0.1 (default %(default)s)",
+    )
     up.add_argument(
         "--topology",
         default=Topology().describe(),
@@ -37,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="print the state of the control plane as JSON")
     sub.add_parser("binaries", help="find or build the binaries and print where they are")
     demo = sub.add_parser("demo", help="cluster, operator, simulated engines and router, with a few requests")
-    demo.add_argument("--once", action="store_true", help="exit after the walkthrough instead of waiting for Ctrl-C")
+    demo.add_argument(
+        "--once", action="store_true", help="exit after the walkthrough instead of waiting for Ctrl-C"
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -54,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             cluster = DevCluster(args.dir, topology=topology, api_port=args.port)
             cluster.start()
-            print(f"control plane up in {time.monotonic() - started:.1f}s: {cluster.server}, {topology.describe()} GPU nodes")
+            print(
+                f"control plane up in {time.monotonic() - started:.1f}s: {cluster.server}, {topology.describe()} GPU nodes"
+            )
             print(f"export KUBECONFIG={cluster.kubeconfig}")
             return 0
         if args.command == "demo":

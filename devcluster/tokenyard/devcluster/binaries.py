@@ -77,7 +77,16 @@ def ensure_binaries(build: bool = True, required: tuple[str, ...] = CONTROL_PLAN
                 f"missing {', '.join(missing)} in {', '.join(map(str, folders))} and no `go` on PATH to build them"
             )
         result = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), str(cache_dir()), KUBERNETES_VERSION, ETCD_VERSION, KWOK_VERSION, HELM_VERSION, PROMETHEUS_MODULE_VERSION],
+            [
+                "bash",
+                str(BUILD_SCRIPT),
+                str(cache_dir()),
+                KUBERNETES_VERSION,
+                ETCD_VERSION,
+                KWOK_VERSION,
+                HELM_VERSION,
+                PROMETHEUS_MODULE_VERSION,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

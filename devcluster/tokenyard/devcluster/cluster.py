@@ -115,11 +115,15 @@ class DevCluster:
     def start(self, timeout: float = 120.0) -> None:
         """Start every component, create the fake GPU nodes, return when they are Ready."""
         if self.load() and self.running():
-            raise ClusterError(f"a cluster is already running from {self.state_dir} (API {self.server}); stop it first")
+            raise ClusterError(
+                f"a cluster is already running from {self.state_dir} (API {self.server}); stop it first"
+            )
         binaries = ensure_binaries()
         api_port = self.requested_api_port or free_port()
         if not port_is_free(api_port):
-            raise ClusterError(f"port {api_port} on 127.0.0.1 is taken by another process; choose another API port")
+            raise ClusterError(
+                f"port {api_port} on 127.0.0.1 is taken by another process; choose another API port"
+            )
         self.state = ClusterState(
             api_port=api_port,
             etcd_port=free_port(),
@@ -138,9 +142,13 @@ class DevCluster:
         deadline = time.monotonic() + timeout
         try:
             self._spawn("etcd", self._etcd_cmd(binaries))
-            self._await(lambda: self._http_ok(f"http://127.0.0.1:{self.state.etcd_port}/health"), "etcd", deadline)
+            self._await(
+                lambda: self._http_ok(f"http://127.0.0.1:{self.state.etcd_port}/health"), "etcd", deadline
+            )
             self._spawn("kube-apiserver", self._apiserver_cmd(binaries))
-            self._await(lambda: self._http_ok(f"{self.server}/readyz", token=True), "kube-apiserver", deadline)
+            self._await(
+                lambda: self._http_ok(f"{self.server}/readyz", token=True), "kube-apiserver", deadline
+            )
             self._spawn("kube-controller-manager", self._controller_manager_cmd(binaries))
             self._spawn("kube-scheduler", self._scheduler_cmd(binaries))
             self._create_nodes()
@@ -151,7 +159,9 @@ class DevCluster:
                 "kube-scheduler",
                 deadline,
             )
-            self._await(self._default_service_account, "kube-controller-manager (default ServiceAccount)", deadline)
+            self._await(
+                self._default_service_account, "kube-controller-manager (default ServiceAccount)", deadline
+            )
         except BaseException:
             self.stop()
             raise
@@ -188,7 +198,9 @@ class DevCluster:
         return True
 
     def running(self) -> bool:
-        return self.state is not None and bool(self.state.pids) and all(self._ours(n) for n in self.state.pids)
+        return (
+            self.state is not None and bool(self.state.pids) and all(self._ours(n) for n in self.state.pids)
+        )
 
     def _ours(self, name: str) -> bool:
         """The recorded process is alive and is the one this cluster started (not a reused pid)."""
@@ -204,7 +216,9 @@ class DevCluster:
             "apiServer": self.server,
             "kubeconfig": str(self.kubeconfig),
             "topology": self.state.topology,
-            "processes": {name: {"pid": pid, "alive": self._ours(name)} for name, pid in self.state.pids.items()},
+            "processes": {
+                name: {"pid": pid, "alive": self._ours(name)} for name, pid in self.state.pids.items()
+            },
             "apiReady": self._http_ok(f"{self.server}/readyz", token=True),
         }
 
@@ -257,7 +271,9 @@ class DevCluster:
     # ------------------------------------------------------------------ processes
     def _spawn(self, name: str, cmd: list[str]) -> None:
         log = open(self.log_dir / f"{name}.log", "ab")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         log.close()
         self._procs[name] = proc
         self.state.pids[name] = proc.pid
@@ -278,7 +294,9 @@ class DevCluster:
             for name, proc in self._procs.items():
                 if proc.poll() is not None:
                     tail = _tail(self.log_dir / f"{name}.log")
-                    raise ClusterError(f"{name} exited with code {proc.returncode} while waiting for {what}:\n{tail}")
+                    raise ClusterError(
+                        f"{name} exited with code {proc.returncode} while waiting for {what}:\n{tail}"
+                    )
             try:
                 if check():
                     return
@@ -304,16 +322,27 @@ class DevCluster:
         key, pub = pki / "sa.key", pki / "sa.pub"
         if not key.exists():
             subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
-            subprocess.run(["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(pub)], check=True, capture_output=True)
+            subprocess.run(
+                ["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(pub)],
+                check=True,
+                capture_output=True,
+            )
         (pki / "tokens.csv").write_text(f'{ADMIN_TOKEN},admin,admin,"system:masters"\n')
         self.kubeconfig.write_text(
             json.dumps(
                 {
                     "apiVersion": "v1",
                     "kind": "Config",
-                    "clusters": [{"name": "tokenyard-dev", "cluster": {"server": self.server, "insecure-skip-tls-verify": True}}],
+                    "clusters": [
+                        {
+                            "name": "tokenyard-dev",
+                            "cluster": {"server": self.server, "insecure-skip-tls-verify": True},
+                        }
+                    ],
                     "users": [{"name": "admin", "user": {"token": ADMIN_TOKEN}}],
-                    "contexts": [{"name": "tokenyard-dev", "context": {"cluster": "tokenyard-dev", "user": "admin"}}],
+                    "contexts": [
+                        {"name": "tokenyard-dev", "context": {"cluster": "tokenyard-dev", "user": "admin"}}
+                    ],
                     "current-context": "tokenyard-dev",
                 },
                 indent=2,

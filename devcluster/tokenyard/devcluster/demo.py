@@ -32,7 +32,9 @@ def _say(text: str) -> None:
 
 def _spawn(args: list[str], log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
 
 
 def _wait(check, timeout: float, what: str):
@@ -63,22 +65,37 @@ def run(state_dir: Path, once: bool) -> int:
         cluster = DevCluster(state_dir)
         cluster.start()
     kubectl = [str(ensure_binaries(build=False).kubectl), f"--kubeconfig={cluster.kubeconfig}"]
-    subprocess.run([*kubectl, "apply", "--server-side", "-f", str(ROOT / "charts/tokenyard/crds")], check=True)
-    subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"], check=True)
+    subprocess.run(
+        [*kubectl, "apply", "--server-side", "-f", str(ROOT / "charts/tokenyard/crds")], check=True
+    )
+    subprocess.run(
+        [*kubectl, "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"], check=True
+    )
 
     logs = state_dir / "logs"
     router_port = free_port()
     procs = {
-        "operator": _spawn(["tokenyard.operator", "--kubeconfig", str(cluster.kubeconfig), "--metrics-port", "0"], logs / "operator.log"),
-        "sim-pods": _spawn(["tokenyard.sim", "pods", "--kubeconfig", str(cluster.kubeconfig), "--time-scale", "0.2"], logs / "sim-pods.log"),
+        "operator": _spawn(
+            ["tokenyard.operator", "--kubeconfig", str(cluster.kubeconfig), "--metrics-port", "0"],
+            logs / "operator.log",
+        ),
+        "sim-pods": _spawn(
+            ["tokenyard.sim", "pods", "--kubeconfig", str(cluster.kubeconfig), "--time-scale", "0.2"],
+            logs / "sim-pods.log",
+        ),
         "router": _spawn(
             [
                 "tokenyard.router",
-                "--kubeconfig", str(cluster.kubeconfig),
-                "--namespace", "default",
-                "--port", str(router_port),
-                "--grpc-port", str(free_port()),
-                "--metrics-port", str(free_port()),
+                "--kubeconfig",
+                str(cluster.kubeconfig),
+                "--namespace",
+                "default",
+                "--port",
+                str(router_port),
+                "--grpc-port",
+                str(free_port()),
+                "--metrics-port",
+                str(free_port()),
             ],
             logs / "router.log",
         ),
@@ -92,30 +109,47 @@ def run(state_dir: Path, once: bool) -> int:
         model = yaml.safe_load(EXAMPLE.read_text())["spec"]["model"]["servedModelName"]
 
         def ready():
-            out = subprocess.run([*kubectl, "get", "mdep", name, "-n", "default", "-o", "json"], capture_output=True, text=True)
+            out = subprocess.run(
+                [*kubectl, "get", "mdep", name, "-n", "default", "-o", "json"], capture_output=True, text=True
+            )
             obj = json.loads(out.stdout)
             return obj.get("status", {}).get("readyReplicas") == obj["spec"]["replicas"]
 
         _wait(ready, 120, "every group Ready")
         subprocess.run([*kubectl, "get", "mdep,pods", "-n", "default", "-o", "wide"])
         base = f"http://127.0.0.1:{router_port}"
-        _wait(lambda: _post(f"{base}/v1/completions", {"model": model, "prompt": "warm up", "max_tokens": 1}), 60,
-              "the router to discover the engines")
+        _wait(
+            lambda: _post(f"{base}/v1/completions", {"model": model, "prompt": "warm up", "max_tokens": 1}),
+            60,
+            "the router to discover the engines",
+        )
         _say(f"three requests through the router at {base}")
         system = "You are a helpful assistant for the tokenyard demo. " * 20
-        for question in ("What is a replica group?", "What does the router score?", "What is a replica group?"):
-            reply = _post(f"{base}/v1/completions", {"model": model, "prompt": system + question, "max_tokens": 16})
+        for question in (
+            "What is a replica group?",
+            "What does the router score?",
+            "What is a replica group?",
+        ):
+            reply = _post(
+                f"{base}/v1/completions", {"model": model, "prompt": system + question, "max_tokens": 16}
+            )
             usage = reply["usage"]
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            print(f"   {question!r}: {usage['completion_tokens']} tokens, {cached} of {usage['prompt_tokens']} prompt tokens from the prefix cache")
+            print(
+                f"   {question!r}: {usage['completion_tokens']} tokens, {cached} of {usage['prompt_tokens']} prompt tokens from the prefix cache"
+            )
         _say("the stack is running. Try:")
         print(f"   export KUBECONFIG={cluster.kubeconfig}")
-        print(f"   curl -s {base}/v1/completions -H 'content-type: application/json' "
-              f"-d '{{\"model\": \"{model}\", \"prompt\": \"hello\", \"max_tokens\": 8}}'")
+        print(
+            f"   curl -s {base}/v1/completions -H 'content-type: application/json' "
+            f'-d \'{{"model": "{model}", "prompt": "hello", "max_tokens": 8}}\''
+        )
         print(f"   {kubectl[0]} scale mdep {name} --replicas=3")
         print(f"   logs: {logs}")
         if not once:
-            _say("Ctrl-C stops the operator, the engines and the router (`make cluster-down` stops the cluster)")
+            _say(
+                "Ctrl-C stops the operator, the engines and the router (`make cluster-down` stops the cluster)"
+            )
             while not stop.is_set():
                 stop.wait(1)
     except KeyboardInterrupt:

@@ -36,7 +36,9 @@ class Topology:
                 f"topology {text!r}: expected ZONESxRACKSxDOMAINSxNODESxGPUS with positive integers, e.g. 2x2x2x2x8"
             )
         z, r, d, n, g = map(int, parts)
-        return cls(zones=z, racks_per_zone=r, nvlink_domains_per_rack=d, nodes_per_nvlink_domain=n, gpus_per_node=g)
+        return cls(
+            zones=z, racks_per_zone=r, nvlink_domains_per_rack=d, nodes_per_nvlink_domain=n, gpus_per_node=g
+        )
 
     def describe(self) -> str:
         return (

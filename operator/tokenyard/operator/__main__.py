@@ -18,7 +18,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Reconciles ModelDeployments into topology-placed replica groups of engine pods.",
     )
     parser.add_argument("--kubeconfig", help="kubeconfig path (default: $KUBECONFIG, else in-cluster)")
-    parser.add_argument("--namespace", action="append", default=[], help="watch only these namespaces (repeatable)")
+    parser.add_argument(
+        "--namespace", action="append", default=[], help="watch only these namespaces (repeatable)"
+    )
     parser.add_argument("--metrics-port", type=int, default=9090, help="Prometheus metrics port; 0 disables")
     parser.add_argument("--metrics-host", default="127.0.0.1", help="metrics bind address (0.0.0.0 in a pod)")
     parser.add_argument(
@@ -26,12 +28,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=os.environ.get("TOKENYARD_PROMETHEUS_URL"),
         help="Prometheus for rollout analysis (default: $TOKENYARD_PROMETHEUS_URL); without it analysis is inconclusive",
     )
-    parser.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument(
+        "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
     peering = parser.add_mutually_exclusive_group()
     peering.add_argument(
         "--peering", default=None, help="Kopf peering name: run several replicas, one active at a time"
     )
-    peering.add_argument("--standalone", action="store_true", default=True, help="one replica, no peering (default)")
+    peering.add_argument(
+        "--standalone", action="store_true", default=True, help="one replica, no peering (default)"
+    )
     parser.add_argument("--priority", type=int, default=0, help="peering priority; distinct per replica")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)

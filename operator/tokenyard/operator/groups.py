@@ -64,7 +64,11 @@ class GroupView:
 
     def unbound_for(self, now: float) -> float:
         """How long the longest-waiting member has been unschedulable (0 when none is)."""
-        waits = [now - m.unschedulable_since for m in self.members if m.unschedulable_since is not None and not m.node]
+        waits = [
+            now - m.unschedulable_since
+            for m in self.members
+            if m.unschedulable_since is not None and not m.node
+        ]
         return max(waits, default=0.0)
 
 
@@ -76,7 +80,9 @@ class Decision:
     scale_down_candidates: list[GroupView] = field(default_factory=list)
 
 
-def _split_broken(groups: Sequence[GroupView], now: float, bind_timeout: float, decision: Decision) -> list[GroupView]:
+def _split_broken(
+    groups: Sequence[GroupView], now: float, bind_timeout: float, decision: Decision
+) -> list[GroupView]:
     """Queue failed and unbindable groups for deletion (to be recreated whole); return the live ones."""
     live: list[GroupView] = []
     for group in groups:
@@ -87,7 +93,10 @@ def _split_broken(groups: Sequence[GroupView], now: float, bind_timeout: float, 
             decision.delete.append((group, "a member failed or disappeared; recreating the whole group"))
         elif phase == PENDING and group.unbound_for(now) > bind_timeout:
             decision.delete.append(
-                (group, f"members did not bind to their planned nodes within {bind_timeout:.0f}s; re-planning the group")
+                (
+                    group,
+                    f"members did not bind to their planned nodes within {bind_timeout:.0f}s; re-planning the group",
+                )
             )
         else:
             live.append(group)
@@ -188,7 +197,9 @@ def next_indices(used: set[int], count: int) -> list[int]:
     return out
 
 
-def reusable_nodes(previous: Sequence[str], free_gpus: Mapping[str, int], gpus_per_pod: int) -> tuple[str, ...] | None:
+def reusable_nodes(
+    previous: Sequence[str], free_gpus: Mapping[str, int], gpus_per_pod: int
+) -> tuple[str, ...] | None:
     """The nodes a recreated group ran on, when they can hold it again; else None (plan it afresh).
 
     A gang recreated after a member failed goes back where it was when those GPUs are still free: the

@@ -141,13 +141,17 @@ def _gpus_of(spec: dict[str, Any]) -> int:
     total = 0
     for container in spec.get("containers", []):
         resources = container.get("resources", {})
-        value = resources.get("limits", {}).get(keys.GPU_RESOURCE) or resources.get("requests", {}).get(keys.GPU_RESOURCE)
+        value = resources.get("limits", {}).get(keys.GPU_RESOURCE) or resources.get("requests", {}).get(
+            keys.GPU_RESOURCE
+        )
         total += int(value or 0)
     return total
 
 
 @kopf.index("pods")
-def pod_gpus(name: str, namespace: str, spec: Any, status: Any, **_: Any) -> dict[str, tuple[str, int]] | None:
+def pod_gpus(
+    name: str, namespace: str, spec: Any, status: Any, **_: Any
+) -> dict[str, tuple[str, int]] | None:
     """node -> GPUs held by each live pod bound or pinned there (every workload, not only ours)."""
     if status.get("phase") in ("Succeeded", "Failed"):
         return None
@@ -159,7 +163,9 @@ def pod_gpus(name: str, namespace: str, spec: Any, status: Any, **_: Any) -> dic
 
 
 @kopf.index("pods", labels=ENGINE_SELECTOR)
-def engine_pods(name: str, namespace: str, labels: Any, annotations: Any, spec: Any, status: Any, meta: Any, **_: Any):
+def engine_pods(
+    name: str, namespace: str, labels: Any, annotations: Any, spec: Any, status: Any, meta: Any, **_: Any
+):
     """(namespace, deployment) -> a summary of each engine pod."""
     deployment = labels.get(keys.MODEL_DEPLOYMENT)
     if not deployment:
@@ -190,7 +196,9 @@ def engine_pods(name: str, namespace: str, labels: Any, annotations: Any, spec: 
 
 @kopf.index("nodes")
 def nodes(name: str, labels: Any, spec: Any, status: Any, **_: Any):
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []) or [])
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []) or []
+    )
     blocking = [t for t in spec.get("taints", []) or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
     return {
         None: {
@@ -232,7 +240,9 @@ async def run_deployment(
         wake.clear()
         last_started = loop.time()
         try:
-            await reconcile(name, namespace, body, engine_pods.get(key, []), pod_gpus, nodes.get(None, []), logger)
+            await reconcile(
+                name, namespace, body, engine_pods.get(key, []), pod_gpus, nodes.get(None, []), logger
+            )
         except ApiException as e:
             if e.status == 403 and "being terminated" in str(e.body):
                 logger.info("namespace is being deleted; waiting for the ModelDeployment to go")
@@ -265,7 +275,9 @@ async def reconcile(
     try:
         spec = ModelDeploymentSpec.parse(dict(body["spec"]))
     except ValidationError as e:
-        await _patch_status(name, namespace, {"conditions": _conditions(body, [("Degraded", "True", "InvalidSpec", str(e))])})
+        await _patch_status(
+            name, namespace, {"conditions": _conditions(body, [("Degraded", "True", "InvalidSpec", str(e))])}
+        )
         return
     now = time.time()
     update_revision = revision_hash(spec)
@@ -318,29 +330,54 @@ async def reconcile(
             metrics.GROUPS_RECREATED.labels(namespace, name).inc()
             kopf.warn(body, reason="GroupRecreated", message=f"group {group.index}: {reason}")
         else:
-            kopf.info(body, reason="GroupRemoved", message=f"group {group.index} (revision {group.revision}): {reason}")
+            kopf.info(
+                body,
+                reason="GroupRemoved",
+                message=f"group {group.index} (revision {group.revision}): {reason}",
+            )
 
     capacity_problem = None
     used_indices = {g.index for g in groups}
     for revision, count in creates.items():
         revision_spec = _spec_of_revision(spec, revision, update_revision, body)
         if revision_spec is None:
-            logger.warning(f"cannot recreate groups of revision {revision}: its template is not in the history")
+            logger.warning(
+                f"cannot recreate groups of revision {revision}: its template is not in the history"
+            )
             continue
         problem = await _create_groups(
-            name, namespace, body, revision_spec, revision, used_indices, count, levels, return_to.get(revision, [])
+            name,
+            namespace,
+            body,
+            revision_spec,
+            revision,
+            used_indices,
+            count,
+            levels,
+            return_to.get(revision, []),
         )
         capacity_problem = capacity_problem or problem
 
     deleted = {(g.index, g.revision) for g, _ in to_delete}
     remaining = [g for g in groups if (g.index, g.revision) not in deleted]
     await _write_status(
-        name, namespace, body, spec, update_revision, remaining, node_list, capacity_problem, rollout_status, current_revision
+        name,
+        namespace,
+        body,
+        spec,
+        update_revision,
+        remaining,
+        node_list,
+        capacity_problem,
+        rollout_status,
+        current_revision,
     )
     _export_metrics(namespace, name, remaining, capacity_problem, node_list)
 
 
-def _spec_of_revision(spec: ModelDeploymentSpec, revision: str, update_revision: str, body: Any) -> ModelDeploymentSpec | None:
+def _spec_of_revision(
+    spec: ModelDeploymentSpec, revision: str, update_revision: str, body: Any
+) -> ModelDeploymentSpec | None:
     """The spec a revision's groups are made from: the current one, or an older one from the history."""
     if revision == update_revision:
         return spec
@@ -350,7 +387,9 @@ def _spec_of_revision(spec: ModelDeploymentSpec, revision: str, update_revision:
     return None
 
 
-async def _canary_step(body: Any, spec: ModelDeploymentSpec, update_revision: str, groups: list[GroupView], now: float) -> dict[str, Any]:
+async def _canary_step(
+    body: Any, spec: ModelDeploymentSpec, update_revision: str, groups: list[GroupView], now: float
+) -> dict[str, Any]:
     """One step of the canary state machine: its targets per revision, and what goes into the status."""
     status = dict(body.get("status") or {})
     state = state_from_status(status, update_revision)
@@ -409,7 +448,9 @@ async def _canary_step(body: Any, spec: ModelDeploymentSpec, update_revision: st
 _weighted_revisions: dict[tuple[str, str], set[str]] = {}
 
 
-def _export_rollout_metrics(body: Any, new_state: Any, old_state: Any, traffic: list[dict[str, Any]], analysis: dict | None) -> None:
+def _export_rollout_metrics(
+    body: Any, new_state: Any, old_state: Any, traffic: list[dict[str, Any]], analysis: dict | None
+) -> None:
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     for phase in ("Healthy", "Progressing", "Paused", "Promoting", "RollingBack", "RolledBack"):
         metrics.ROLLOUT_PHASE.labels(namespace, name, phase).set(1 if str(new_state.phase) == phase else 0)
@@ -424,8 +465,12 @@ def _export_rollout_metrics(body: Any, new_state: Any, old_state: Any, traffic: 
         metrics.ROLLOUT_WEIGHT.labels(namespace, name, weight["revision"]).set(weight["weight"])
     for verdict in (analysis or {}).get("metrics", []):
         if verdict.get("statistic") is not None:
-            metrics.ROLLOUT_ANALYSIS_STATISTIC.labels(namespace, name, verdict["metric"]).set(verdict["statistic"])
-        metrics.ROLLOUT_ANALYSIS_THRESHOLD.labels(namespace, name, verdict["metric"]).set(verdict["threshold"])
+            metrics.ROLLOUT_ANALYSIS_STATISTIC.labels(namespace, name, verdict["metric"]).set(
+                verdict["statistic"]
+            )
+        metrics.ROLLOUT_ANALYSIS_THRESHOLD.labels(namespace, name, verdict["metric"]).set(
+            verdict["threshold"]
+        )
 
 
 def _group_views(pods: Iterable[dict[str, Any]]) -> list[GroupView]:
@@ -459,7 +504,9 @@ def _group_views(pods: Iterable[dict[str, Any]]) -> list[GroupView]:
     return views
 
 
-def _nodes(summaries: Iterable[dict[str, Any]], pod_gpus_index: Any, ignore_pods: frozenset[str] = frozenset()) -> list[Node]:
+def _nodes(
+    summaries: Iterable[dict[str, Any]], pod_gpus_index: Any, ignore_pods: frozenset[str] = frozenset()
+) -> list[Node]:
     """Nodes with the GPUs in use on each: live pods' and reservations'; `ignore_pods` ("ns/name") are being
     deleted and count as free."""
     now = time.time()
@@ -611,7 +658,9 @@ async def _create_groups(
 RETURNED = "returned"  # Assignment.level of a recreated gang put back on its previous nodes
 
 
-def _reserve(name: str, namespace: str, revision: str, index: int, nodes: tuple[str, ...], gpus_per_pod: int) -> None:
+def _reserve(
+    name: str, namespace: str, revision: str, index: int, nodes: tuple[str, ...], gpus_per_pod: int
+) -> None:
     names = GroupNames(name, namespace, revision, index)
     for rank, node in enumerate(nodes):
         RUNTIME.reservations[names.pod(rank)] = (node, gpus_per_pod, time.time())
@@ -648,7 +697,9 @@ def _owner_reference(body: Any) -> dict[str, Any]:
     }
 
 
-async def _create_group(body: Any, spec: ModelDeploymentSpec, names: GroupNames, assignment: Assignment) -> None:
+async def _create_group(
+    body: Any, spec: ModelDeploymentSpec, names: GroupNames, assignment: Assignment
+) -> None:
     core = k8s.CoreV1Api(RUNTIME.api)
     owner = _owner_reference(body)
     service = service_manifest(names)
@@ -761,7 +812,9 @@ async def _write_status(
 
     history = list(status.get("revisionHistory") or [])
     if not any(h.get("revision") == update_revision for h in history):
-        history.append({"revision": update_revision, "created": _now_iso(), "template": revision_template(spec)})
+        history.append(
+            {"revision": update_revision, "created": _now_iso(), "template": revision_template(spec)}
+        )
         history = history[-HISTORY_LIMIT:]
 
     min_ready = max(0, spec.replicas - spec.rollout.max_unavailable)
@@ -769,14 +822,30 @@ async def _write_status(
     done = len(updated) == spec.replicas == len(groups) and all(g.ready for g in updated)
     failed = [g for g in groups if g.phase == FAILED]
     updates = [
-        ("Available", "True" if available else "False", "MinimumGroupsReady" if available else "TooFewGroupsReady",
-         f"{len(ready)} of {spec.replicas} groups ready"),
-        ("Progressing", "False" if done else "True", "Converged" if done else "ReconcilingGroups",
-         f"{len(updated)} of {spec.replicas} groups at revision {update_revision}"),
-        ("Degraded", "True" if failed else "False", "GroupFailed" if failed else "AllGroupsHealthy",
-         f"{len(failed)} group(s) failed and are being recreated" if failed else "no failed group"),
-        ("InsufficientCapacity", "True" if capacity_problem else "False",
-         "NotEnoughGPUs" if capacity_problem else "Placed", capacity_problem or "every group is placed"),
+        (
+            "Available",
+            "True" if available else "False",
+            "MinimumGroupsReady" if available else "TooFewGroupsReady",
+            f"{len(ready)} of {spec.replicas} groups ready",
+        ),
+        (
+            "Progressing",
+            "False" if done else "True",
+            "Converged" if done else "ReconcilingGroups",
+            f"{len(updated)} of {spec.replicas} groups at revision {update_revision}",
+        ),
+        (
+            "Degraded",
+            "True" if failed else "False",
+            "GroupFailed" if failed else "AllGroupsHealthy",
+            f"{len(failed)} group(s) failed and are being recreated" if failed else "no failed group",
+        ),
+        (
+            "InsufficientCapacity",
+            "True" if capacity_problem else "False",
+            "NotEnoughGPUs" if capacity_problem else "Placed",
+            capacity_problem or "every group is placed",
+        ),
     ]
     patch = {
         "observedGeneration": body["metadata"].get("generation"),
@@ -810,7 +879,12 @@ async def _patch_status(name: str, namespace: str, status: dict[str, Any]) -> No
     api = k8s.CustomObjectsApi(RUNTIME.api)
     try:
         await api.patch_namespaced_custom_object_status(
-            keys.GROUP, keys.VERSION, namespace, "modeldeployments", name, {"status": status},
+            keys.GROUP,
+            keys.VERSION,
+            namespace,
+            "modeldeployments",
+            name,
+            {"status": status},
             _content_type="application/merge-patch+json",
         )
     except ApiException as e:

@@ -71,7 +71,9 @@ def describe(obj: dict[str, Any]) -> str:
     for weight in status.get("traffic") or []:
         lines.append(f"Traffic:    {weight['revision']} {weight['weight']}%")
     if status.get("shadow"):
-        lines.append(f"Shadow:     {status['shadow']['revision']} {status['shadow']['fraction']:.0%} of requests")
+        lines.append(
+            f"Shadow:     {status['shadow']['revision']} {status['shadow']['fraction']:.0%} of requests"
+        )
     if rollout.get("reason"):
         lines.append(f"Reason:     {rollout['reason']}")
     analysis = rollout.get("analysis") or {}
@@ -130,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         elif args.action in ("promote", "abort"):
             command = "promote-full" if args.action == "promote" and args.full else args.action
             annotation = json.dumps({"command": command, "id": uuid.uuid4().hex})
-            _patch(api, args.namespace, args.name, {"metadata": {"annotations": {COMMAND_ANNOTATION: annotation}}})
+            _patch(
+                api,
+                args.namespace,
+                args.name,
+                {"metadata": {"annotations": {COMMAND_ANNOTATION: annotation}}},
+            )
             print(f"modeldeployment {args.name}: {command} requested")
         elif args.action in ("pause", "resume"):
             _patch(api, args.namespace, args.name, {"spec": {"paused": args.action == "pause"}})

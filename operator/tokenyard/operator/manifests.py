@@ -102,7 +102,10 @@ def pod_manifest(
         "resources": {"limits": limits, "requests": dict(limits)},
     }
     if rank == 0:
-        container["readinessProbe"] = {"httpGet": {"path": "/health", "port": labels.ENGINE_PORT_NAME}, "periodSeconds": 5}
+        container["readinessProbe"] = {
+            "httpGet": {"path": "/health", "port": labels.ENGINE_PORT_NAME},
+            "periodSeconds": 5,
+        }
     template = copy.deepcopy(engine.pod_template or {})
     meta = template.get("metadata", {})
     pod_spec = template.get("spec", {})
@@ -129,7 +132,12 @@ def pod_manifest(
         "metadata": {
             "name": names.pod(rank),
             "namespace": names.namespace,
-            "labels": {**meta.get("labels", {}), **group_labels(names), labels.RANK: str(rank), labels.ROLE: role},
+            "labels": {
+                **meta.get("labels", {}),
+                **group_labels(names),
+                labels.RANK: str(rank),
+                labels.ROLE: role,
+            },
             "annotations": {
                 **meta.get("annotations", {}),
                 labels.ANNOTATION_GROUP_SIZE: str(pods),
@@ -143,7 +151,9 @@ def pod_manifest(
 def planned_node(pod: dict[str, Any]) -> str | None:
     """The node a pod was pinned to, read back from its affinity."""
     try:
-        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
         return terms[0]["matchFields"][0]["values"][0]
     except (KeyError, IndexError, TypeError):
         return None

@@ -33,7 +33,9 @@ async def test_one_replica_leads_at_a_time_and_a_silent_leader_is_replaced(devcl
         last_renewal = time.monotonic()
         assert await follower.ensure_leader() is False
         while not await follower.ensure_leader():
-            assert time.monotonic() - last_renewal < LEASE_SECONDS + 10, "the follower never took the lease over"
+            assert time.monotonic() - last_renewal < LEASE_SECONDS + 10, (
+                "the follower never took the lease over"
+            )
             await asyncio.sleep(0.2)
         assert time.monotonic() - last_renewal >= LEASE_SECONDS * 0.9  # not before the lease ran out
         assert await leader.ensure_leader() is False

@@ -132,7 +132,11 @@ def test_spec_maps_onto_the_policy_configuration():
     "windows, runs_with, words",
     [
         # The old CRD defaults, stored in every object created before the CEL rules existed.
-        ({"intervalSeconds": 15, "panicWindowSeconds": 6}, 15, "spec.panicWindowSeconds (6) must lie between"),
+        (
+            {"intervalSeconds": 15, "panicWindowSeconds": 6},
+            15,
+            "spec.panicWindowSeconds (6) must lie between",
+        ),
         ({"stableWindowSeconds": 30, "panicWindowSeconds": 40}, 30, "spec.stableWindowSeconds (30)"),
         ({"intervalSeconds": 5, "panicWindowSeconds": 10}, 10, None),
     ],

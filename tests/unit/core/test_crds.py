@@ -31,17 +31,21 @@ def test_schema_is_structural_and_described(name):
     schema = crdgen.crds()[name]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(schema["properties"]["spec"], "spec"):
         assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
-        assert not {"$ref", "anyOf", "allOf", "title"} & set(node), f"{path} is not structural: {sorted(node)}"
+        assert not {"$ref", "anyOf", "allOf", "title"} & set(node), (
+            f"{path} is not structural: {sorted(node)}"
+        )
         if path != "spec":
-            assert node.get("description") or path.endswith("[]"), f"{path} has no description for kubectl explain"
+            assert node.get("description") or path.endswith("[]"), (
+                f"{path} has no description for kubectl explain"
+            )
         if "exclusiveMinimum" in node:
             assert node["exclusiveMinimum"] is True and "minimum" in node, f"{path}: OpenAPI v3.0 bounds"
 
 
 def test_object_defaults_are_written_in_full():
-    spec = crdgen.crds()["tokenyard.dev_modeldeployments.yaml"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
-        "properties"
-    ]["spec"]
+    spec = crdgen.crds()["tokenyard.dev_modeldeployments.yaml"]["spec"]["versions"][0]["schema"][
+        "openAPIV3Schema"
+    ]["properties"]["spec"]
     assert spec["properties"]["placement"]["default"]["strategy"] == "BestFit"
     assert spec["properties"]["rollout"]["default"]["maxSurge"] == 1
     assert [lvl["name"] for lvl in spec["properties"]["placement"]["properties"]["topology"]["default"]] == [
@@ -51,7 +55,9 @@ def test_object_defaults_are_written_in_full():
     ]
 
 
-@pytest.mark.parametrize("path", [p for p in EXAMPLES if "ModelDeployment" in p.read_text()], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [p for p in EXAMPLES if "ModelDeployment" in p.read_text()], ids=lambda p: p.name
+)
 def test_examples_parse_as_model_deployments(path):
     spec = types.ModelDeploymentSpec.parse(yaml.safe_load(path.read_text())["spec"])
     assert spec.parallelism.group_gpus % spec.parallelism.pod_gpus == 0

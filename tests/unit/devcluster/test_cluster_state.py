@@ -19,7 +19,9 @@ def sleeper():
 
 
 def _write_state(tmp_path, pid: int, started: int | None) -> DevCluster:
-    state = ClusterState(1, 2, 3, 4, 5, 6, pids={"kwok": pid}, started={"kwok": started} if started is not None else {})
+    state = ClusterState(
+        1, 2, 3, 4, 5, 6, pids={"kwok": pid}, started={"kwok": started} if started is not None else {}
+    )
     (tmp_path / "state.json").write_text(json.dumps(asdict(state)))
     return DevCluster(tmp_path)
 

@@ -267,7 +267,7 @@ def test_a_shadow_step_leaves_out_the_latencies_it_cannot_measure():
 
 def test_a_promql_query_with_an_unknown_name_is_reported_as_the_users_mistake():
     metric = AnalysisMetric(
-        name="custom", kind=AnalysisMetricKind.PROMQL, bad_query="sum(x{rev=\"$rev\"})", total_query="sum(y)"
+        name="custom", kind=AnalysisMetricKind.PROMQL, bad_query='sum(x{rev="$rev"})', total_query="sum(y)"
     )
     assert query_problems([metric]) == [
         "analysis metric custom: unknown $rev in the analysis query 'sum(x{rev=\"$rev\"})' "

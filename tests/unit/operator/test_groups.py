@@ -14,7 +14,9 @@ from tokenyard.operator.groups import (
 )
 
 
-def group(index, revision="new", size=1, ready=True, node="n", phase="Running", missing=0, unschedulable_since=None):
+def group(
+    index, revision="new", size=1, ready=True, node="n", phase="Running", missing=0, unschedulable_since=None
+):
     members = tuple(
         MemberView(
             name=f"g{index}-{rank}",
@@ -87,7 +89,9 @@ def test_next_indices_fill_holes():
     max_surge=st.integers(0, 3),
     max_unavailable=st.integers(0, 3),
 )
-def test_update_never_drops_ready_groups_below_the_floor(old_ready, new_ready, replicas, max_surge, max_unavailable):
+def test_update_never_drops_ready_groups_below_the_floor(
+    old_ready, new_ready, replicas, max_surge, max_unavailable
+):
     if max_surge == 0 and max_unavailable == 0:
         max_surge = 1  # the API rejects both zero
     groups = [group(i, revision="old", ready=r) for i, r in enumerate(old_ready)]

@@ -15,8 +15,13 @@ def test_describe_shows_phase_weights_and_analysis():
         obj(
             readyReplicas=2,
             traffic=[{"revision": "aaa", "weight": 90}, {"revision": "bbb", "weight": 10}],
-            rollout={"phase": "Paused", "step": 0, "stableRevision": "aaa", "canaryRevision": "bbb",
-                     "analysis": {"decision": "INCONCLUSIVE", "reason": "no data"}},
+            rollout={
+                "phase": "Paused",
+                "step": 0,
+                "stableRevision": "aaa",
+                "canaryRevision": "bbb",
+                "analysis": {"decision": "INCONCLUSIVE", "reason": "no data"},
+            },
         )
     )
     assert "Phase:      Paused" in text and "bbb 10%" in text and "INCONCLUSIVE: no data" in text
@@ -27,8 +32,12 @@ def test_undo_restores_the_revision_before_the_current_one():
         {"revision": "r1", "template": {"engine": {"image": "v1"}}},
         {"revision": "r2", "template": {"engine": {"image": "v2"}}},
     ]
-    assert undo_patch(obj(updateRevision="r2", revisionHistory=history), None) == {"spec": {"engine": {"image": "v1"}}}
-    assert undo_patch(obj(updateRevision="r1", revisionHistory=history), "r2") == {"spec": {"engine": {"image": "v2"}}}
+    assert undo_patch(obj(updateRevision="r2", revisionHistory=history), None) == {
+        "spec": {"engine": {"image": "v1"}}
+    }
+    assert undo_patch(obj(updateRevision="r1", revisionHistory=history), "r2") == {
+        "spec": {"engine": {"image": "v2"}}
+    }
 
 
 def test_undo_names_what_is_missing():

@@ -9,7 +9,9 @@ def test_a_wake_after_a_quiet_spell_waits_only_the_debounce():
 
 
 def test_a_wake_right_after_a_reconcile_waits_out_the_interval():
-    assert delay_before_reconcile(now=100.05, last_started=100.0) == pytest.approx(MIN_INTERVAL_SECONDS - 0.05)
+    assert delay_before_reconcile(now=100.05, last_started=100.0) == pytest.approx(
+        MIN_INTERVAL_SECONDS - 0.05
+    )
 
 
 @given(

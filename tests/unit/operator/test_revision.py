@@ -1,7 +1,10 @@
 from tokenyard.core.types import ModelDeploymentSpec
 from tokenyard.operator.revision import revision_hash
 
-BASE = {"model": {"weights": {"uri": "hf://m", "digest": "sha256:" + "a" * 64}}, "engine": {"image": "vllm:1"}}
+BASE = {
+    "model": {"weights": {"uri": "hf://m", "digest": "sha256:" + "a" * 64}},
+    "engine": {"image": "vllm:1"},
+}
 
 
 def spec(**overrides):
@@ -21,7 +24,12 @@ def test_artifact_engine_and_parallelism_each_make_a_revision():
     base = revision_hash(spec())
     changed = [
         spec(model={"weights": {"uri": "hf://m", "digest": "sha256:" + "b" * 64}}),
-        spec(model={"weights": {"uri": "hf://m", "digest": "sha256:" + "a" * 64}, "tokenizer": {"uri": "hf://t"}}),
+        spec(
+            model={
+                "weights": {"uri": "hf://m", "digest": "sha256:" + "a" * 64},
+                "tokenizer": {"uri": "hf://t"},
+            }
+        ),
         spec(engine={"image": "vllm:2"}),
         spec(engine={"image": "vllm:1", "args": ["--max-model-len=4096"]}),
         spec(engine={"image": "vllm:1", "env": [{"name": "A", "value": "1"}]}),
@@ -34,4 +42,6 @@ def test_artifact_engine_and_parallelism_each_make_a_revision():
 
 def test_defaults_written_explicitly_do_not_change_the_revision():
     # The API server fills in defaults; an object read back must hash like the one applied.
-    assert revision_hash(spec()) == revision_hash(spec(engine={"image": "vllm:1", "port": 8000}, parallelism={"tensor": 1}))
+    assert revision_hash(spec()) == revision_hash(
+        spec(engine={"image": "vllm:1", "port": 8000}, parallelism={"tensor": 1})
+    )
