@@ -130,9 +130,12 @@ def deployment(rollout: dict, env: list[dict] | None = None) -> dict:
 def start(kube_api, namespace, body, router):
     custom = client.CustomObjectsApi(kube_api)
     custom.create_namespaced_custom_object(labels.GROUP, labels.VERSION, namespace, "modeldeployments", body)
-    get = lambda: custom.get_namespaced_custom_object(
-        labels.GROUP, labels.VERSION, namespace, "modeldeployments", "web"
-    )  # noqa: E731
+
+    def get():
+        return custom.get_namespaced_custom_object(
+            labels.GROUP, labels.VERSION, namespace, "modeldeployments", "web"
+        )
+
     wait_for(lambda: get().get("status", {}).get("readyReplicas") == 2, timeout=60, what="2 stable groups")
 
     def served():
