@@ -259,10 +259,11 @@ async def test_fault_knobs_and_their_admin_endpoint(start_engine, http):
             assert r.status == 200
         return time.perf_counter() - start
 
-    base = await ttft("one two three " * 800)
+    # long prompts: the modelled prefill (x10) must dwarf the HTTP round trip, which is not multiplied
+    base = await ttft("one two three " * 3000)
     async with http.post(engine.url + "/sim/config", json={"latency_multiplier": 10.0}) as r:
         assert r.status == 200 and (await r.json())["latency_multiplier"] == 10.0
-    slow = await ttft("four five six " * 800)
+    slow = await ttft("four five six " * 3000)
     assert slow > 4 * base, (base, slow)
 
     async with http.post(
