@@ -38,7 +38,8 @@ Figures, per workload and policy:
   policy that saves prefill work (cache hits) or keeps every engine busy (balance) delivers more tokens, and
   one that piles requests up delivers fewer;
 - prefix_hit_rate: from the engines' own counters (vllm:prefix_cache_hits/queries) over the open-loop phase
-  (closed_prefix_hit_rate: the same over the closed loop);
+  (closed_prefix_hit_rate: the same over the closed loop; closed_preemptions: the engines' preemptions per 100
+  requests they finished in the closed loop);
 - imbalance: max/mean of requests served per engine over the open-loop phase.
 Then the router's overhead (added latency p50/p99 against calling an engine directly, and the requests/s one
 router process sustains with a closed loop of small requests). Prints a table and, last, one JSON line.
@@ -444,7 +445,7 @@ async def run_closed_loop(
 async def engine_counters(session, engines: list[str]) -> list[dict[str, float]]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    wanted = {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:request_success_total"}
+    wanted = set(COUNTERS)
 
     async def one(url: str) -> dict[str, float]:
         async with session.get(url + "/metrics") as response:
@@ -473,7 +474,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:request_success_total")
+COUNTERS = (
+    "vllm:prefix_cache_hits_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:request_success_total",
+    # A preempted request gives its KV blocks back and is prefilled again later: where a router packs more
+    # distinct prefixes onto an engine than its KV holds beside the running requests, this counts it.
+    "vllm:num_preemptions_total",
+)
 
 
 def counter_deltas(before: list[dict[str, float]], after: list[dict[str, float]]) -> list[dict[str, float]]:
@@ -512,6 +520,8 @@ def summarise(run: PolicyRun) -> dict[str, float]:
     closed_ok = [r for r in run.closed_results if r.ok]
     closed_hits = sum(d["vllm:prefix_cache_hits_total"] for d in run.closed_deltas)
     closed_queries = sum(d["vllm:prefix_cache_queries_total"] for d in run.closed_deltas)
+    closed_preempted = sum(d["vllm:num_preemptions_total"] for d in run.closed_deltas)
+    closed_finished = sum(d["vllm:request_success_total"] for d in run.closed_deltas)
     return {
         "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
         "ttft_p99_s": round(percentile(ttfts, 0.99), 4),
@@ -520,6 +530,8 @@ def summarise(run: PolicyRun) -> dict[str, float]:
         "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
         "imbalance": round(max(served) / mean, 3) if mean else 0.0,
         "closed_prefix_hit_rate": round(closed_hits / closed_queries, 4) if closed_queries else 0.0,
+        # per 100 requests the engines finished in the closed loop
+        "closed_preemptions": round(100 * closed_preempted / closed_finished, 2) if closed_finished else 0.0,
         "requests": len(run.open_results),
         "errors": sum(not r.ok for r in run.open_results) + len(run.closed_results) - len(closed_ok),
     }
@@ -806,7 +818,8 @@ async def main() -> None:
             )
             header = (
                 f"{'workload':<18}{'policy':<20}{'rate/s':>7}{'clients':>8}{'ttft p50 s':>11}{'ttft p99 s':>11}"
-                f"{'out tok/s':>10}{'hit rate':>9}{'imbal':>7}{'errors':>7}{'closed hits':>12}  tok/s by round"
+                f"{'out tok/s':>10}{'hit rate':>9}{'imbal':>7}{'errors':>7}{'closed hits':>12}{'preempt%':>9}"
+                "  tok/s by round"
             )
             print(header, flush=True)
             for workload, level in levels.items():
@@ -823,7 +836,7 @@ async def main() -> None:
                         f"{workload:<18}{policy:<20}{rate:>7.1f}{clients:>8}{figures['ttft_p50_s']:>11.3f}"
                         f"{figures['ttft_p99_s']:>11.3f}{figures['output_tok_s']:>10.0f}"
                         f"{figures['prefix_hit_rate']:>9.3f}{figures['imbalance']:>7.2f}{figures['errors']:>7}"
-                        f"{figures['closed_prefix_hit_rate']:>12.3f}  "
+                        f"{figures['closed_prefix_hit_rate']:>12.3f}{figures['closed_preemptions']:>9.1f}  "
                         + " ".join(f"{value:.0f}" for value in figures["output_tok_s_rounds"]),
                         flush=True,
                     )
