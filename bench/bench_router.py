@@ -40,10 +40,9 @@ Figures, per workload and policy:
 - prefix_hit_rate: from the engines' own counters (vllm:prefix_cache_hits/queries) over the open-loop phase
   (closed_prefix_hit_rate: the same over the closed loop; closed_preemptions: the engines' preemptions per 100
   requests they finished in the closed loop);
-- imbalance: max/mean of requests served per engine over the open-loop phase.
-- ceiling (shared-prefix workloads, closed loop): the same clients pinned, client c to engine c mod ENGINES
-  with that engine's own tenant, so every system prompt is cached and every engine has its share of clients,
-  which is all a router can win; output_share_of_ceiling is each policy's tokens/s over it.
+- imbalance: max/mean of requests served per engine over the open-loop phase;
+- in the JSON only, client_ttft_mean_s beside engine_ttft_mean_s (the engines' own histogram): their difference
+  is what the path in front of the engines adds under load, a router hop or the load generator alone.
 Then the router's overhead (added latency p50/p99 against calling an engine directly, and the requests/s one
 router process sustains with a closed loop of small requests). Prints a table and, last, one JSON line.
 
@@ -404,7 +403,7 @@ class WindowedResults(list):
 
 
 async def run_closed_loop(
-    session, dispatcher, workload: str, clients: int, duration: float, seed: int = 4, pinned: bool = False
+    session, dispatcher, workload: str, clients: int, duration: float, seed: int = 4
 ) -> tuple[list[Result], float]:
     """``clients`` clients, each sending its next request as soon as its last one ended (multi_turn: its next
     turn, and a new conversation after the last): after CLOSED_WARMUP_SECONDS, a window of ``duration``
@@ -414,33 +413,22 @@ async def run_closed_loop(
 
     In multi_turn, client c starts in turn c mod TURNS of its first conversation: started all at turn 1, the
     conversations stay in step (every client at the same turn, the engines' caches all cold or all warm
-    together) for longer than the window lasts.
-
-    ``pinned`` (shared-prefix workloads): the ceiling no router can pass. Client c sends everything to engine
-    c mod ENGINES with that engine's own tenant's system prompt, so every engine serves the same number of
-    clients and every prompt's system prompt is cached after its first request."""
+    together) for longer than the window lasts."""
     tenants = tenant_prompts()
     results = WindowedResults(time.monotonic() + CLOSED_WARMUP_SECONDS)
     window = TokenWindow(results.opens_at, duration)
 
-    def dispatch_of(c: int) -> tuple[Dispatcher, tuple[list[str], list[float]]]:
-        if not pinned:
-            return dispatcher, tenants
-        engine = c % len(dispatcher.engines)
-        return Dispatcher("round_robin", [dispatcher.engines[engine]], None), ([tenants[0][engine]], [1.0])
-
     async def client(c: int) -> None:
         rng = random.Random(seed * 10_000 + c)
         first_turn = c % MULTI_TURN_TURNS
-        own_dispatcher, own_tenants = dispatch_of(c)
         for k in itertools.count():
             if workload == "multi_turn":
-                await conversation(session, own_dispatcher, rng, results, 0.0, first_turn, window)
+                await conversation(session, dispatcher, rng, results, 0.0, first_turn, window)
                 first_turn = 0
                 continue
             body = unique_body(rng, f"closed-{c}-{k}") if workload == "no_sharing" else None
-            body = body or shared_prefix_body(rng, own_tenants)
-            results.append(await send(session, own_dispatcher, "/v1/completions", body, window=window))
+            body = body or shared_prefix_body(rng, tenants)
+            results.append(await send(session, dispatcher, "/v1/completions", body, window=window))
 
     tasks = [asyncio.create_task(client(c)) for c in range(clients)]
     await asyncio.sleep(max(0.0, window.closes_at - time.monotonic()))
@@ -713,30 +701,12 @@ async def run_slice(
             router.stop()
 
 
-async def closed_loop_ceiling(session, engines, workload: str, clients: int) -> float:
-    """Output tokens/s of the pinned closed loop (see run_closed_loop): every system prompt cached and equal
-    clients per engine, the two things a router can win; the decode steps that remain are the engines'."""
-    await flush_caches(session, engines)
-    _, tokens, elapsed = await run_closed_loop(
-        session,
-        Dispatcher("round_robin", engines, None),
-        workload,
-        clients,
-        CLOSED_SECONDS / ROUNDS,
-        pinned=True,
-    )
-    return tokens / elapsed if elapsed else 0.0
-
-
 async def run_workload(
     session, engines, workload: str, rate: float, closed_clients: int
-) -> tuple[dict[str, PolicyRun], list[float]]:
+) -> dict[str, PolicyRun]:
     """ROUNDS rounds; in each, every policy gets the same arrivals, in an order rotated round by round, so that
-    a burst of load from other processes on the machine falls on all policies alike rather than on one. On the
-    shared-prefix workloads each round ends with the closed loop's ceiling (``closed_loop_ceiling``); returns
-    the runs and the ceiling's tokens/s per round (empty elsewhere)."""
+    a burst of load from other processes on the machine falls on all policies alike rather than on one."""
     runs: dict[str, PolicyRun] = {}
-    ceiling_rounds: list[float] = []
     for round_index in range(ROUNDS):
         order = POLICIES[round_index % len(POLICIES) :] + POLICIES[: round_index % len(POLICIES)]
         for policy in order:
@@ -761,9 +731,7 @@ async def run_workload(
                 seen.closed_rounds += part.closed_rounds
                 seen.closed_elapsed += part.closed_elapsed
                 seen.closed_deltas = add_deltas(seen.closed_deltas, part.closed_deltas)
-        if closed_clients and workload.startswith("shared_prefix"):
-            ceiling_rounds.append(await closed_loop_ceiling(session, engines, workload, closed_clients))
-    return runs, ceiling_rounds
+    return runs
 
 
 async def overhead(session, engines) -> dict[str, float]:
@@ -851,8 +819,6 @@ async def main() -> None:
                 "multi_turn": 0.70,
             }
             results: dict[str, dict[str, dict[str, float]]] = {}
-            # closed-loop tokens/s no router can pass, per shared-prefix workload (closed_loop_ceiling)
-            ceilings: dict[str, dict[str, float | list[float]]] = {}
             print(
                 f"TTFT, hit rate and imbalance: open loop (Poisson arrivals at the rate shown), {ROUNDS} rounds "
                 f"of {RUN_SECONDS / ROUNDS:.0f}s per policy; out tok/s: closed loop (the clients shown, each "
@@ -871,13 +837,10 @@ async def main() -> None:
                     continue
                 rate = level * capacity
                 clients = closed_clients(level)
-                runs, ceiling_rounds = await run_workload(session, engines, workload, rate, clients)
-                ceiling = sum(ceiling_rounds) / len(ceiling_rounds) if ceiling_rounds else None
+                runs = await run_workload(session, engines, workload, rate, clients)
                 results[workload] = {}
                 for policy in POLICIES:
                     figures = summarise(runs[policy])
-                    if ceiling:
-                        figures["output_share_of_ceiling"] = round(figures["output_tok_s"] / ceiling, 3)
                     results[workload][policy] = figures
                     print(
                         f"{workload:<18}{policy:<20}{rate:>7.1f}{clients:>8}{figures['ttft_p50_s']:>11.3f}"
@@ -885,16 +848,6 @@ async def main() -> None:
                         f"{figures['prefix_hit_rate']:>9.3f}{figures['imbalance']:>7.2f}{figures['errors']:>7}"
                         f"{figures['closed_prefix_hit_rate']:>12.3f}{figures['closed_preemptions']:>9.1f}  "
                         + " ".join(f"{value:.0f}" for value in figures["output_tok_s_rounds"]),
-                        flush=True,
-                    )
-                if ceiling:
-                    ceilings[workload] = {
-                        "output_tok_s": round(ceiling, 1),
-                        "output_tok_s_rounds": [round(value, 1) for value in ceiling_rounds],
-                    }
-                    print(
-                        f"{workload:<18}{'(ceiling: pinned)':<20}{'':>48}{ceiling:>10.0f}{'':>47}"
-                        + " ".join(f"{value:.0f}" for value in ceiling_rounds),
                         flush=True,
                     )
             results["overhead"] = await overhead(session, engines)
@@ -905,7 +858,7 @@ async def main() -> None:
             )
     finally:
         stop_process(host, timeout=15)
-    print(json.dumps({"bench": "router", "results": results, "ceilings": ceilings}))
+    print(json.dumps({"bench": "router", "results": results}))
 
 
 if __name__ == "__main__":
