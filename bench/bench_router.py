@@ -41,6 +41,8 @@ Figures, per workload and policy:
   (closed_prefix_hit_rate: the same over the closed loop; closed_preemptions: the engines' preemptions per 100
   requests they finished in the closed loop);
 - imbalance: max/mean of requests served per engine over the open-loop phase;
+- shared-prefix workloads: the closed loop's decode bound (decode_bound_tok_s, from the engines' step model)
+  and each policy's share of it (output_share_of_decode_bound);
 - in the JSON only, client_ttft_mean_s beside engine_ttft_mean_s (the engines' own histogram): their difference
   is what the path in front of the engines adds under load, a router hop or the load generator alone.
 Then the router's overhead (added latency p50/p99 against calling an engine directly, and the requests/s one
@@ -117,22 +119,26 @@ def free_port() -> int:
 # --- the engine host (a child process) -------------------------------------------------------------------
 
 
-async def host_engines(count: int, time_scale: float, blocks: int, port_file: str) -> None:
-    from tokenyard.sim.server import EngineOptions, SimEngine
+SIM_MODEL, SIM_GPU = "llama-3.1-8b", "h100-sxm"
 
-    engines = [
-        SimEngine(
-            EngineOptions(
-                model="llama-3.1-8b",
-                gpu="h100-sxm",
-                port=0,
-                time_scale=time_scale,
-                served_model_name=MODEL,
-                num_gpu_blocks_override=blocks,
-            )
-        )
-        for _ in range(count)
-    ]
+
+def engine_options(time_scale: float, blocks: int):
+    from tokenyard.sim.server import EngineOptions
+
+    return EngineOptions(
+        model=SIM_MODEL,
+        gpu=SIM_GPU,
+        port=0,
+        time_scale=time_scale,
+        served_model_name=MODEL,
+        num_gpu_blocks_override=blocks,
+    )
+
+
+async def host_engines(count: int, time_scale: float, blocks: int, port_file: str) -> None:
+    from tokenyard.sim.server import SimEngine
+
+    engines = [SimEngine(engine_options(time_scale, blocks)) for _ in range(count)]
     for engine in engines:
         await engine.start()
     with open(port_file + ".tmp", "w") as handle:
@@ -634,6 +640,26 @@ def closed_clients(level: float) -> int:
     return max(1, round(level * CLOSED_CLIENTS_PER_ENGINE * ENGINES))
 
 
+def decode_bound_tok_s(clients: int) -> float:
+    """Closed-loop output tokens/s that no routing can exceed on the shared-prefix workloads, from the engines'
+    own step model: every engine holds exactly clients / ENGINES requests and every step is a pure decode step
+    of them (every prompt cached, no step spent waiting or prefilling, no time between a request's end and
+    the client's next). A step of ``b`` sequences yields ``b`` tokens; the tokens/s ``b / step(b)`` is concave
+    in ``b`` (the step's cost is weights read once plus KV read per sequence), so an even split of the clients
+    and a constant batch is the best any placement can do. Engines serve ``TIME_SCALE`` x modelled time."""
+    from tokenyard.sim.tokenizer import Tokenizer
+
+    deployment = engine_options(TIME_SCALE, KV_BLOCKS).deployment()
+    tokenizer = Tokenizer(128_256)
+    rng = random.Random(0)
+    tenants = tenant_prompts()
+    samples = [shared_prefix_body(rng, tenants)["prompt"] for _ in range(64)]
+    prompt_tokens = sum(len(tokenizer.encode(text)) for text in samples) / len(samples)
+    context = round(prompt_tokens + OUTPUT_TOKENS / 2)  # a request's mean context over its decode steps
+    batch = clients / ENGINES
+    return ENGINES * batch / deployment.decode_step_seconds(batch, context) / TIME_SCALE
+
+
 async def calibrate(session, engines: list[str]) -> float:
     """Requests/s one engine sustains on the shared-prefix workload (closed loop), times the fleet size."""
     dispatcher = Dispatcher("direct", engines[:1], None)
@@ -808,7 +834,7 @@ async def main() -> None:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             capacity = await calibrate(session, engines)
             print(
-                f"fleet: {ENGINES} x llama-3.1-8b on h100-sxm, time scale {TIME_SCALE}, {KV_BLOCKS} KV blocks "
+                f"fleet: {ENGINES} x {SIM_MODEL} on {SIM_GPU}, time scale {TIME_SCALE}, {KV_BLOCKS} KV blocks "
                 f"each; shared-prefix capacity ~{capacity:.1f} req/s",
                 flush=True,
             )
@@ -838,9 +864,12 @@ async def main() -> None:
                 rate = level * capacity
                 clients = closed_clients(level)
                 runs = await run_workload(session, engines, workload, rate, clients)
+                bound = decode_bound_tok_s(clients) if workload.startswith("shared_prefix") else None
                 results[workload] = {}
                 for policy in POLICIES:
                     figures = summarise(runs[policy])
+                    if bound:
+                        figures["output_share_of_decode_bound"] = round(figures["output_tok_s"] / bound, 3)
                     results[workload][policy] = figures
                     print(
                         f"{workload:<18}{policy:<20}{rate:>7.1f}{clients:>8}{figures['ttft_p50_s']:>11.3f}"
@@ -848,6 +877,16 @@ async def main() -> None:
                         f"{figures['prefix_hit_rate']:>9.3f}{figures['imbalance']:>7.2f}{figures['errors']:>7}"
                         f"{figures['closed_prefix_hit_rate']:>12.3f}{figures['closed_preemptions']:>9.1f}  "
                         + " ".join(f"{value:.0f}" for value in figures["output_tok_s_rounds"]),
+                        flush=True,
+                    )
+                if bound:
+                    shares = ", ".join(
+                        f"{policy} {results[workload][policy]['output_share_of_decode_bound']:.1%}"
+                        for policy in POLICIES
+                    )
+                    print(
+                        f"{workload:<18}closed-loop decode bound {bound:.0f} tok/s "
+                        f"(decode_bound_tok_s: every prompt cached, even batches, no wait); reached: {shares}",
                         flush=True,
                     )
             results["overhead"] = await overhead(session, engines)
