@@ -544,9 +544,9 @@ def summarise(run: PolicyRun) -> dict[str, float]:
         "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
         "imbalance": round(max(served) / mean, 3) if mean else 0.0,
         "closed_prefix_hit_rate": round(closed_hits / closed_queries, 4) if closed_queries else 0.0,
-        # per 100 requests the engines finished in the closed loop
         "client_ttft_mean_s": round(sum(ttfts) / len(ttfts), 4) if ttfts else 0.0,
         "engine_ttft_mean_s": round(engine_ttft_sum / engine_ttft_count, 4) if engine_ttft_count else 0.0,
+        # per 100 requests the engines finished in the closed loop
         "closed_preemptions": round(100 * closed_preempted / closed_finished, 2) if closed_finished else 0.0,
         "requests": len(run.open_results),
         "errors": sum(not r.ok for r in run.open_results) + len(run.closed_results) - len(closed_ok),
@@ -650,7 +650,7 @@ def decode_bound_tok_s(clients: int) -> float:
     from tokenyard.sim.tokenizer import Tokenizer
 
     deployment = engine_options(TIME_SCALE, KV_BLOCKS).deployment()
-    tokenizer = Tokenizer(128_256)
+    tokenizer = Tokenizer(deployment.model.vocab_size)  # the engines' own token counts
     rng = random.Random(0)
     tenants = tenant_prompts()
     samples = [shared_prefix_body(rng, tenants)["prompt"] for _ in range(64)]
