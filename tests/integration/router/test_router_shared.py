@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from tokenyard.router.discovery import Endpoint, ModelView
+from tokenyard.router.shared import RedisShare, pack_hashes
+from tokenyard.router.state import RouterSettings, RouterState
+from tokenyard.router.telemetry import RouterMetrics
 from tokenyard.v1 import router_pb2, router_pb2_grpc
 
 from .conftest import MODEL, wait_for
@@ -106,3 +110,37 @@ async def test_two_routers_share_prefixes_and_load_and_survive_redis_loss(
         return answer.endpoint.replica == replica and answer.prefix_match > 0
 
     await wait_for(b_learned_outage_prefix, 10, "router b to learn what a routed during the outage")
+
+
+async def test_peers_learn_the_blocks_a_request_fills_beyond_its_prompt(redis_server):
+    """The index's private-block count travels through the Redis stream with the prompt's hashes, so a peer's
+    index ages prefixes out as fast as the routing router's; entries from routers that predate the field
+    count none."""
+
+    def state() -> RouterState:
+        routing = RouterState(RouterSettings())
+        routing.set_models(
+            {MODEL: ModelView(served_name=MODEL, endpoints=(Endpoint(name="e0", url="http://x"),))}
+        )
+        return routing
+
+    a_state, b_state = state(), state()
+    a = RedisShare(redis_server.url, a_state, RouterMetrics(), router_id="a", key_prefix="private-test")
+    b = RedisShare(redis_server.url, b_state, RouterMetrics(), router_id="b", key_prefix="private-test")
+    try:
+        await b.sync_once()  # b joins first and reads from here on
+        a_state.route(MODEL, SYSTEM_PROMPT, max_tokens=100, now=0.0)
+        a_blocks = len(a_state.index.replica("e0"))
+        prompt_blocks = len(a_state.prefix_outbox[0][1])
+        assert a_blocks > prompt_blocks, "the request's output should fill blocks beyond its prompt's"
+        await a.sync_once()
+        await b.sync_once()
+        assert b.up and len(b_state.index.replica("e0")) == a_blocks
+
+        # an entry written without the field (an older router) counts only its prompt blocks
+        await a.client.xadd(a.keys["prefix"], {"r": "old", "n": "e1", "h": pack_hashes((1, 2, 3))})
+        await b.sync_once()
+        assert len(b_state.index.replica("e1")) == 3
+    finally:
+        await a.close()
+        await b.close()
