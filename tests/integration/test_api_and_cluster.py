@@ -26,7 +26,7 @@ def example(name: str) -> dict:
 
 
 def minimal(name: str = "m", **spec_overrides) -> dict:
-    spec = {"model": {"weights": {"uri": "hf://org/model"}}, "engine": {"image": "vllm/vllm-openai:v0.11.0"}}
+    spec = {"model": {"weights": {"uri": "hf://org/model"}}, "engine": {"image": "vllm/vllm-openai:v0.13.0"}}
     spec.update(spec_overrides)
     return {
         "apiVersion": labels.API_VERSION,
@@ -110,11 +110,63 @@ INVALID_MODEL_DEPLOYMENTS = [
     ("empty-image", {"engine": {"image": ""}}, "spec.engine.image", "at least 1"),
     (
         "bad-digest",
-        {"model": {"weights": {"uri": "x", "digest": "md5"}}},
+        {"model": {"weights": {"uri": "hf://org/model", "digest": "md5"}}},
         "spec.model.weights.digest",
         "should match",
     ),
+    # The engine contract (issue 13): what a vLLM or SGLang pod is rendered from must be loadable and must not
+    # be contradicted by a user argument.
+    (
+        "vllm-cannot-load-s3",
+        {"model": {"weights": {"uri": "s3://bucket/llama"}}},
+        "spec.model.weights.uri",
+        "hf://[ORG/]NAME[@REVISION], pvc://CLAIM/PATH",
+    ),
+    (
+        "sglang-tokenizer-over-http",
+        {"engine": {"kind": "SGLang", "image": "lmsysorg/sglang:v0.5.5"}, "model": {
+            "weights": {"uri": "hf://org/model"}, "tokenizer": {"uri": "https://example.com/tok"}}},
+        "spec.model.tokenizer.uri",
+        "tokenizer URI must be",
+    ),
+    (
+        "vllm-args-contradict-parallelism",
+        {"engine": {"image": "x", "args": ["--max-model-len=4096", "--tensor-parallel-size=8"]}},
+        "spec.engine.args",
+        "--tensor-parallel-size=8 sets a flag the operator renders for engine kind vLLM",
+    ),
+    (
+        "vllm-underscore-spelling",
+        {"engine": {"image": "x", "args": ["--served_model_name", "other"]}},
+        "spec.engine.args",
+        "--served_model_name sets a flag",
+    ),
+    (
+        "sglang-args-set-the-port",
+        {"engine": {"kind": "SGLang", "image": "x", "args": ["--port", "9000"]}},
+        "spec.engine.args",
+        "--port sets a flag the operator renders for engine kind SGLang",
+    ),
+    ("unknown-engine-kind", {"engine": {"kind": "TensorRT", "image": "x"}}, "spec.engine.kind", "Unsupported value"),
+    (
+        "model-cache-both-sources",
+        {"engine": {"image": "x", "modelCache": {"claimName": "hf", "sizeLimit": "10Gi"}}},
+        "spec.engine.modelCache",
+        "exactly one of claimName",
+    ),
 ]
+
+
+def test_custom_engines_take_any_uri_and_any_args(crd_api, namespace):
+    """Kind Custom leaves the command line to the image: the engine-contract rules do not apply to it."""
+    body = minimal(
+        "custom",
+        model={"weights": {"uri": "s3://bucket/llama"}},
+        engine={"kind": "Custom", "image": "my/engine:1", "args": ["--tensor-parallel-size=8", "--port=9"]},
+    )
+    created = crd_api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    assert created["spec"]["engine"]["args"] == ["--tensor-parallel-size=8", "--port=9"]
+    assert created["spec"]["engine"]["startupTimeoutSeconds"] == 1800
 
 
 @pytest.mark.parametrize(

@@ -12,12 +12,14 @@ has a description because `kubectl explain` prints it; a rule that spans fields 
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
-from tokenyard.core import labels
+from tokenyard.core import engines, labels
+from tokenyard.core.engines import EngineKind
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
@@ -66,7 +68,12 @@ class ArtifactRef(ApiModel):
 
     uri: str = Field(
         min_length=1,
-        description="Location of the artifact, e.g. s3://bucket/llama-3.1-8b/ or hf://meta-llama/Llama-3.1-8B.",
+        max_length=2048,
+        description=(
+            "Location of the artifact: hf://ORG/NAME[@REVISION] (Hugging Face Hub), pvc://CLAIM/PATH (a "
+            "PersistentVolumeClaim the operator mounts read-only) or an absolute path in the container. Engine "
+            "kind Custom takes any URI and leaves it to the image."
+        ),
     )
     digest: str | None = Field(
         default=None,
@@ -108,18 +115,104 @@ class Resources(ApiModel):
     )
 
 
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the ModelDeployment's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret.")
+    key: str = Field(default="HF_TOKEN", min_length=1, max_length=253, description="Key in the Secret.")
+
+
+class ModelCache(ApiModel):
+    """A volume for the engine's Hugging Face cache (downloads survive a restart when it is a claim)."""
+
+    model_config = rules(
+        cel(
+            "has(self.claimName) != has(self.sizeLimit)",
+            "modelCache takes exactly one of claimName (a PersistentVolumeClaim) or sizeLimit (an emptyDir)",
+        )
+    )
+
+    claim_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="A PersistentVolumeClaim in the namespace, mounted read-write (ReadWriteMany for several pods).",
+    )
+    size_limit: str | None = Field(
+        default=None,
+        pattern=QUANTITY_PATTERN,
+        description="Size of an emptyDir cache instead of a claim, e.g. 200Gi.",
+    )
+
+
+# An argument's length and count are bounded so that the API server can price the CEL rules over them.
+EngineArg = Annotated[str, Field(max_length=4096)]
+
+
 class Engine(ApiModel):
     """The inference engine container run in every pod of a group (vLLM, SGLang or any OpenAI-compatible server)."""
 
-    image: str = Field(
-        min_length=1, description="Container image of the engine, e.g. vllm/vllm-openai:v0.11.0."
+    model_config = rules(
+        *(
+            {
+                **cel(
+                    engines.cel_no_rendered_flags_rule(kind),
+                    f"args must not set a flag the operator renders for kind {kind.value} (the model, served name, "
+                    "port, parallel sizes, revision, tokenizer, multi-node bootstrap): set them through the spec",
+                    ".args",
+                ),
+                "messageExpression": engines.cel_no_rendered_flags_message(kind),
+            }
+            for kind in engines.RENDERED_FLAGS
+        )
     )
-    args: list[str] = Field(default_factory=list, description="Arguments of the engine container.")
+
+    kind: EngineKind = Field(
+        default=EngineKind.VLLM,
+        description=(
+            "vLLM or SGLang: the operator renders the engine's command line (model, served name, port, parallel "
+            "sizes, multi-node bootstrap) and args are appended to it. Custom: the image runs its own entrypoint "
+            "with args and env as given, plus the TOKENYARD_* environment."
+        ),
+    )
+    image: str = Field(
+        min_length=1, description="Container image of the engine, e.g. vllm/vllm-openai:v0.13.0."
+    )
+    args: list[EngineArg] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Arguments of the engine container; for vLLM and SGLang, appended after the rendered ones.",
+    )
     env: list[EnvVar] = Field(default_factory=list, description="Environment of the engine container.")
     port: int = Field(
         default=8000, ge=1, le=65535, description="Port of the engine's OpenAI-compatible HTTP API."
     )
     resources: Resources = Field(default_factory=Resources, description="CPU and memory per pod.")
+    startup_timeout_seconds: int = Field(
+        default=1800,
+        ge=10,
+        le=86400,
+        description=(
+            "How long an engine may take to load its model before its startup probe (GET /health) fails the "
+            "pod. Readiness is probed only after startup. vLLM and SGLang only."
+        ),
+    )
+    hf_token_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="A Secret key holding a Hugging Face token, given to the engine as HF_TOKEN (gated models).",
+    )
+    model_cache: ModelCache | None = Field(
+        default=None,
+        description="A volume for the Hugging Face cache, mounted at /root/.cache/huggingface (HF_HOME).",
+    )
+    shared_memory_size: str | None = Field(
+        default=None,
+        pattern=QUANTITY_PATTERN,
+        description=(
+            "Size limit of the memory-backed /dev/shm that vLLM and SGLang need for their worker processes "
+            "(NCCL, tensor-parallel IPC). Unset: bounded by the pod's memory only."
+        ),
+    )
     pod_template: dict[str, Any] | None = Field(
         default=None,
         description=(
@@ -435,6 +528,20 @@ class Routing(ApiModel):
 class ModelDeploymentSpec(ApiModel):
     """A model served by tensor-parallel replica groups of GPU pods."""
 
+    model_config = rules(
+        cel(
+            f"self.engine.kind == 'Custom' || self.model.weights.uri.matches('{engines.SUPPORTED_MODEL_URI}')",
+            f"for engine kinds vLLM and SGLang the weights URI must be {engines.SUPPORTED_MODEL_URI_HELP}",
+            ".model.weights.uri",
+        ),
+        cel(
+            "self.engine.kind == 'Custom' || !has(self.model.tokenizer) || "
+            f"self.model.tokenizer.uri.matches('{engines.SUPPORTED_MODEL_URI}')",
+            f"for engine kinds vLLM and SGLang the tokenizer URI must be {engines.SUPPORTED_MODEL_URI_HELP}",
+            ".model.tokenizer.uri",
+        ),
+    )
+
     model: ModelArtifact = Field(description="The model: weights, tokenizer and the name clients use.")
     engine: Engine = Field(description="The inference engine container.")
     parallelism: Parallelism = Field(
@@ -451,6 +558,37 @@ class ModelDeploymentSpec(ApiModel):
     paused: bool = Field(
         default=False, description="Holds the rollout at its current step until set back to false."
     )
+
+    @model_validator(mode="after")
+    def _engine_contract(self) -> ModelDeploymentSpec:
+        """The CRD's CEL rules again, for objects that reached the operator without them (an older CRD)."""
+        kind = self.engine.kind
+        if kind is EngineKind.CUSTOM:
+            return self
+        problems = engines.conflicting_args(kind, list(self.engine.args))
+        artifacts = [("spec.model.weights.uri", self.model.weights)]
+        if self.model.tokenizer is not None:
+            artifacts.append(("spec.model.tokenizer.uri", self.model.tokenizer))
+        for path, artifact in artifacts:
+            if not re.match(engines.SUPPORTED_MODEL_URI, artifact.uri):
+                problems.append(
+                    f"{path}: {artifact.uri!r} is not a URI engine kind {kind.value} can load; "
+                    f"use {engines.SUPPORTED_MODEL_URI_HELP}"
+                )
+        tokenizer = self.model.tokenizer
+        if (
+            kind is EngineKind.SGLANG
+            and tokenizer is not None
+            and tokenizer.uri.startswith(engines.HF_SCHEME)
+            and "@" in tokenizer.uri
+        ):
+            problems.append(
+                "spec.model.tokenizer.uri: SGLang has no tokenizer revision flag; drop the @REVISION or point at "
+                "a local copy of the tokenizer"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 # --------------------------------------------------------------------------- ModelDeployment: status

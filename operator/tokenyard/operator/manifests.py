@@ -6,14 +6,20 @@ Names come from one place (`GroupNames`) so that the operator, its tests and the
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from tokenyard.core import labels
+from tokenyard.core.engines import EngineKind
 from tokenyard.core.types import ModelDeploymentSpec
+from tokenyard.operator.engine_command import GroupRank, render_launch
 
 # A DNS label holds 63 characters; the Service name also carries "-<revision>-<index>".
 _NAME_BUDGET = 40
+STARTUP_PROBE_PERIOD_SECONDS = 10
+# Time an engine gets after SIGTERM (past the preStop drain) to close its sockets and free the GPUs.
+ENGINE_SHUTDOWN_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -87,28 +93,49 @@ def pod_manifest(
         {"name": labels.ENV_TENSOR_PARALLEL, "value": str(par.tensor)},
         {"name": labels.ENV_PIPELINE_PARALLEL, "value": str(par.pipeline)},
         {"name": labels.ENV_ENGINE_PORT, "value": str(engine.port)},
-    ] + [e.dump() for e in engine.env]
+    ]
     limits: dict[str, str] = {labels.GPU_RESOURCE: str(par.pod_gpus)}
     if engine.resources.cpu:
         limits["cpu"] = engine.resources.cpu
     if engine.resources.memory:
         limits["memory"] = engine.resources.memory
-    container = {
-        "name": "engine",
-        "image": engine.image,
-        "args": list(engine.args),
-        "env": env,
-        "ports": [{"name": labels.ENGINE_PORT_NAME, "containerPort": engine.port}],
-        "resources": {"limits": limits, "requests": dict(limits)},
-    }
-    if rank == 0:
+    launch = render_launch(spec, served, GroupRank(rank, pods, names.leader_address))
+    container: dict[str, Any] = {"name": "engine", "image": engine.image}
+    if launch.command is not None:
+        container["command"] = launch.command
+    container.update(
+        {
+            "args": launch.args,
+            "env": env + launch.env + [e.dump() for e in engine.env],
+            "ports": [{"name": labels.ENGINE_PORT_NAME, "containerPort": engine.port}],
+            "resources": {"limits": limits, "requests": dict(limits)},
+        }
+    )
+    if launch.volume_mounts:
+        container["volumeMounts"] = launch.volume_mounts
+    rendered = engine.kind is not EngineKind.CUSTOM
+    if rank == 0:  # only the leader serves the API; workers run the model's other ranks
+        if rendered:
+            container["startupProbe"] = {
+                "httpGet": {"path": "/health", "port": labels.ENGINE_PORT_NAME},
+                "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+                "failureThreshold": math.ceil(engine.startup_timeout_seconds / STARTUP_PROBE_PERIOD_SECONDS),
+            }
         container["readinessProbe"] = {
             "httpGet": {"path": "/health", "port": labels.ENGINE_PORT_NAME},
             "periodSeconds": 5,
         }
+    drain = spec.rollout.drain_seconds
+    if rendered and drain > 0:
+        # Deleted out of band (a node drain, kubectl delete): the pod leaves the router's endpoints at once, and
+        # the engine gets SIGTERM only after the streams it is serving have had the drain period to finish.
+        container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain}}}
     template = copy.deepcopy(engine.pod_template or {})
     meta = template.get("metadata", {})
     pod_spec = template.get("spec", {})
+    if rendered:
+        pod_spec["volumes"] = [*pod_spec.get("volumes", []), *launch.volumes]
+        pod_spec.setdefault("terminationGracePeriodSeconds", drain + ENGINE_SHUTDOWN_SECONDS)
     pod_spec.update(
         {
             "hostname": f"r{rank}",
