@@ -1,5 +1,6 @@
 """`kubectl tokenyard rollout status|promote|abort|pause|resume|undo NAME`: rollouts by hand, as
-`kubectl argo rollouts` does them.
+`kubectl argo rollouts` does them; `kubectl tokenyard render -f FILE`: the engine pods the operator would
+create for a ModelDeployment (offline, no cluster needed), to compare with what you run by hand.
 
 Installed as the `kubectl-tokenyard` console script, which kubectl finds on PATH as a plugin. Everything goes
 through the ModelDeployment itself, so the same can be done with kubectl alone:
@@ -102,12 +103,39 @@ def undo_patch(obj: dict[str, Any], to_revision: str | None) -> dict[str, Any]:
     return {"spec": target["template"]}
 
 
+def render_pods(doc: dict[str, Any], namespace: str, group: int = 0) -> list[dict[str, Any]]:
+    """The pods of group `group` as the operator renders them, each on a placeholder node (placement is the
+    operator's decision at run time). ValueError naming the field when the spec is invalid."""
+    from pydantic import ValidationError
+    from tokenyard.core.types import ModelDeploymentSpec
+    from tokenyard.operator.manifests import GroupNames, pod_manifest
+    from tokenyard.operator.revision import revision_hash
+
+    if doc.get("kind") != "ModelDeployment":
+        raise PluginError(f"render takes a ModelDeployment, got kind {doc.get('kind')!r}")
+    try:
+        spec = ModelDeploymentSpec.parse(doc.get("spec"))
+    except ValidationError as e:
+        raise PluginError(f"invalid ModelDeployment: {e}") from e
+    meta = doc.get("metadata") or {}
+    names = GroupNames(
+        meta.get("name", "unnamed"), meta.get("namespace", namespace), revision_hash(spec), group
+    )
+    pods = spec.parallelism.pods_per_group
+    nodes = tuple(f"<node-of-rank-{rank}>" for rank in range(pods))
+    return [pod_manifest(spec, names, rank, nodes[rank], nodes) for rank in range(pods)]
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["render"]:
+        return _render_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kubectl tokenyard", description="Manage tokenyard rollouts.")
     parser.add_argument("--kubeconfig", default=None)
     parser.add_argument("-n", "--namespace", default="default")
     sub = parser.add_subparsers(dest="group", required=True)
     rollout = sub.add_parser("rollout", help="inspect and steer a ModelDeployment's rollout")
+    sub.add_parser("render", help="print the engine pods a ModelDeployment file renders to (offline)")
     actions = rollout.add_subparsers(dest="action", required=True)
     for action, text in [
         ("status", "show the rollout"),
@@ -149,6 +177,32 @@ def main(argv: list[str] | None = None) -> int:
     except PluginError as e:
         print(f"kubectl tokenyard: {e}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _render_main(argv: list[str]) -> int:
+    import yaml
+
+    parser = argparse.ArgumentParser(
+        prog="kubectl tokenyard render", description="Print the engine pods the operator creates for a group."
+    )
+    parser.add_argument("-f", "--filename", required=True, help="a ModelDeployment YAML file, or - for stdin")
+    parser.add_argument("-n", "--namespace", default="default")
+    parser.add_argument("--rank", type=int, default=None, help="only this rank (0 is the leader)")
+    args = parser.parse_args(argv)
+    try:
+        text = sys.stdin.read() if args.filename == "-" else open(args.filename).read()
+        pods = render_pods(yaml.safe_load(text) or {}, args.namespace)
+        if args.rank is not None:
+            if not 0 <= args.rank < len(pods):
+                raise PluginError(
+                    f"--rank {args.rank}: a group of this ModelDeployment has {len(pods)} pod(s)"
+                )
+            pods = [pods[args.rank]]
+    except (PluginError, OSError, yaml.YAMLError) as e:
+        print(f"kubectl tokenyard render: {e}", file=sys.stderr)
+        return 1
+    print(yaml.safe_dump_all(pods, sort_keys=False), end="")
     return 0
 
 
