@@ -141,7 +141,8 @@ def _cel_sets_rendered_flag(kind: EngineKind) -> str:
 
 def cel_no_rendered_flags_rule(kind: EngineKind) -> str:
     """CEL over spec.engine: no argument names (as `--flag` or `--flag=value`) a flag rendered for `kind`."""
-    return f"self.kind != '{kind.value}' || !self.args.exists(a, {_cel_sets_rendered_flag(kind)})"
+    # `args` has no default in the schema, so an object without it has no such key.
+    return f"self.kind != '{kind.value}' || !has(self.args) || !self.args.exists(a, {_cel_sets_rendered_flag(kind)})"
 
 
 def cel_no_rendered_flags_message(kind: EngineKind) -> str:
