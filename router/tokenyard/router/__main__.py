@@ -141,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe-interval",
         type=float,
         default=2.0,
-        help="seconds over which every replica's /metrics is scraped once (default %(default)s); keep it "
-        "below --metrics-max-age",
+        help="seconds over which every replica is probed once: /health for liveness, /metrics for its load "
+        "signals (default %(default)s); keep it below --metrics-max-age",
     )
     return parser
 

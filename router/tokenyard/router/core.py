@@ -265,7 +265,8 @@ class PrefixCacheScorer(Scorer, name="prefixCache"):
 
 
 class KvCacheScorer(Scorer, name="kvCache"):
-    """Free KV cache from the replica's own report (vllm:kv_cache_usage_perc); unknown when stale."""
+    """Free KV cache from the replica's own report (vllm:kv_cache_usage_perc, sglang:token_usage); unknown when
+    stale or unreadable."""
 
     higher_is_better = False
 
@@ -274,7 +275,8 @@ class KvCacheScorer(Scorer, name="kvCache"):
 
 
 class QueueScorer(Scorer, name="queue"):
-    """Requests waiting in the replica's scheduler (vllm:num_requests_waiting); unknown when stale."""
+    """Requests waiting in the replica's scheduler (vllm:num_requests_waiting, sglang:num_queue_reqs); unknown
+    when stale or unreadable."""
 
     higher_is_better = False
 

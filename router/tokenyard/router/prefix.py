@@ -4,7 +4,8 @@ An engine with automatic prefix caching (vLLM, SGLang) keeps full KV blocks keye
 tokens chained with the hash of every block before it, and evicts the least recently used free blocks when it
 needs room. The router mirrors that: it hashes the prompt the same way (tokens when a tokenizer is configured,
 fixed-size character blocks otherwise) and remembers, per replica, which chained hashes it has sent there,
-in an LRU whose capacity is the replica's KV capacity in blocks (``vllm:cache_config_info`` num_gpu_blocks).
+in an LRU whose capacity is the replica's KV capacity in blocks (vLLM's ``vllm:cache_config_info``
+num_gpu_blocks; SGLang's ``sglang:max_total_num_tokens`` over the routing block, see state.routing_block_size).
 """
 
 from __future__ import annotations

@@ -1,5 +1,27 @@
-"""Probing engines: /metrics for load and KV capacity (with a freshness bound), /v1/models for the model
-names static backends serve. One background loop; the result goes into RouterState."""
+"""Probing engines: ``GET /health`` for liveness, ``GET /metrics`` for load and KV capacity (with a freshness
+bound), /v1/models for the model names static backends serve. One background loop; the results go into
+RouterState.
+
+Liveness is not metrics. A replica is routable while its health endpoint answers 200 (vLLM and SGLang both
+serve ``GET /health``) and the passive failure detection on real requests has not ejected it. /metrics only adds
+signals: a replica whose /metrics cannot be fetched, decoded or parsed keeps its traffic on the router's own
+accounting (outstanding tokens, prefix index), its scraped signals are unknown, a warning is logged once per
+failure streak and ``tokenyard_router_metrics_scrape_failures_total{replica,reason}`` counts each failure.
+
+When a failed health check makes a replica unreachable:
+- at once when nothing listens (connection refused, no route) or the engine answers a status other than 200:
+  both are the engine's own unambiguous answer (a dead process; a 503 while loading weights or after its
+  engine core died), and the router's behaviour for dead engines stays what it was;
+- after ``health_failures_to_mark`` (2) probes in a row without an answer (a timeout, a connection reset): an
+  engine's event loop serves /health beside token streaming and may answer one probe late under load, and one
+  late answer must not take a busy replica out of rotation. Meanwhile real requests still detect a dead
+  replica: a connect error is retried elsewhere and repeated failures eject it.
+A 404/405/501 on /health means the engine has no health endpoint (an OpenAI-compatible server that is neither
+vLLM nor SGLang), a 401/403 that it guards every path with credentials the probe does not carry: either way it
+answered, so it is live, and liveness then rests on connections and real requests alone (logged once) - the
+same mistake as issue 13's (a probe the engine cannot answer taking every replica out) must not come back
+through /health.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +32,32 @@ from collections.abc import Callable
 
 import aiohttp
 from tokenyard.router.discovery import Endpoint, ModelView, StaticConfig
-from tokenyard.router.enginestats import parse_vllm_metrics
+from tokenyard.router.enginestats import MetricsError, decode_metrics_body, parse_engine_metrics
 from tokenyard.router.state import RouterState
 from tokenyard.router.telemetry import RouterMetrics
 
 log = logging.getLogger("tokenyard.router")
+
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+# The bounded `reason` label values of the failure counters.
+SCRAPE_FAILURE_REASONS = ("http_status", "timeout", "connection", "decode", "parse")
+HEALTH_FAILURE_REASONS = ("http_status", "timeout", "connection")
+# Ask for the classic text format (prometheus_client's OpenMetrics output rewrites the colons of vLLM's and
+# SGLang's names) and for compression: Go's and Python's Prometheus clients gzip when it is accepted. The body
+# is decoded here (``auto_decompress=False``), so gzip and deflate are the only encodings asked for.
+_METRICS_HEADERS = {
+    "Accept": "text/plain;version=0.0.4;q=1.0, application/openmetrics-text;q=0.5, */*;q=0.1",
+    "Accept-Encoding": "gzip, deflate",
+}
+_NO_HEALTH_ENDPOINT = (401, 403, 404, 405, 501)  # answered, but no health verdict to be had
+
+
+class _Failure(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
 
 
 class EngineProber:
@@ -26,37 +69,185 @@ class EngineProber:
         interval_s: float = 2.0,
         timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        health_timeout_s: float = 5.0,
+        health_failures_to_mark: int = 2,
     ) -> None:
         self.state = state
         self.metrics = metrics
         self.session = session
         self.interval_s = interval_s
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.health_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
+        self.health_failures_to_mark = max(1, health_failures_to_mark)
         self.clock = clock
+        self._health_failures: dict[str, int] = {}  # replica -> health probes failed in a row
+        self._metrics_failures: dict[str, int] = {}  # replica -> scrapes failed in a row (a streak is open)
+        self._no_health_endpoint: set[str] = set()  # replicas whose /health is absent (logged once)
+        self._no_known_series: set[str] = set()  # replicas whose /metrics has no vLLM/SGLang series (logged)
+
+    # --- liveness -------------------------------------------------------------------------------------------
+
+    async def probe_health(self, endpoint: Endpoint) -> bool:
+        """One health probe; updates ``state.unreachable``; returns whether the replica answered live."""
+        name = endpoint.name
+        try:
+            async with self.session.get(endpoint.url + HEALTH_PATH, timeout=self.health_timeout) as response:
+                status = response.status
+            if status in _NO_HEALTH_ENDPOINT:
+                if name not in self._no_health_endpoint:
+                    self._no_health_endpoint.add(name)
+                    log.warning(
+                        "replica %s (%s) gives no health verdict on %s (HTTP %d): it is taken as live "
+                        "while it answers, and real requests alone detect failures",
+                        name,
+                        endpoint.url,
+                        HEALTH_PATH,
+                        status,
+                    )
+            elif status != 200:
+                raise _Failure("http_status", f"{HEALTH_PATH} answered HTTP {status}")
+        except _Failure as failure:
+            return self._health_failed(endpoint, failure, immediate=True)
+        except aiohttp.ClientConnectorError as error:  # refused, no route, unknown host: nothing listens
+            return self._health_failed(endpoint, _Failure("connection", f"connect failed: {error}"), True)
+        except TimeoutError:
+            failure = _Failure("timeout", f"no answer within {self.health_timeout.total:g}s")
+            return self._health_failed(endpoint, failure, immediate=False)
+        except (aiohttp.ClientError, OSError) as error:  # reset or closed mid-answer
+            return self._health_failed(endpoint, _Failure("connection", repr(error)), immediate=False)
+        self._health_failures.pop(name, None)
+        if name in self.state.unreachable:
+            self.state.unreachable.discard(name)
+            log.info("replica %s (%s) is live again", name, endpoint.url)
+        return True
+
+    def _health_failed(self, endpoint: Endpoint, failure: _Failure, immediate: bool) -> bool:
+        name = endpoint.name
+        self.metrics.health_check_failures.labels(name, failure.reason).inc()
+        count = self._health_failures.get(name, 0) + 1
+        self._health_failures[name] = count
+        if name in self.state.unreachable:
+            log.debug("replica %s is still unreachable: %s", name, failure.detail)
+        elif immediate or count >= self.health_failures_to_mark:
+            self.state.unreachable.add(name)
+            log.warning(
+                "replica %s (%s) is unreachable (%s; %d health probe(s) failed in a row): no traffic until "
+                "its %s answers 200",
+                name,
+                endpoint.url,
+                failure.detail,
+                count,
+                HEALTH_PATH,
+            )
+        else:
+            log.info(
+                "replica %s (%s): health probe failed (%s); unreachable after %d in a row",
+                name,
+                endpoint.url,
+                failure.detail,
+                self.health_failures_to_mark,
+            )
+        return False
+
+    # --- signals --------------------------------------------------------------------------------------------
+
+    def served_models(self, endpoint: Endpoint) -> set[str]:
+        """The model names the router sends to this replica (its /metrics series of other models are
+        ignored, when labelled)."""
+        return {
+            view.served_name or model
+            for model, view in self.state.models.items()
+            if any(e.name == endpoint.name for e in view.endpoints)
+        }
 
     async def probe_metrics(self, endpoint: Endpoint) -> bool:
+        """One /metrics scrape; records the stats or, on failure, makes the replica's signals unknown. Never
+        touches liveness. Returns whether stats were recorded."""
+        name = endpoint.name
         try:
-            async with self.session.get(endpoint.url + "/metrics", timeout=self.timeout) as response:
-                if response.status != 200:
-                    raise aiohttp.ClientResponseError(response.request_info, (), status=response.status)
-                text = await response.text()
-            self.state.record_stats(endpoint.name, parse_vllm_metrics(text, self.clock()))
-            ok = True
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
-            if endpoint.name not in self.state.unreachable:
-                log.warning(
-                    "replica %s (%s) failed its /metrics probe: %r", endpoint.name, endpoint.url, error
-                )
-            ok = False
-        if ok and endpoint.name in self.state.unreachable:
-            log.info("replica %s (%s) is reachable again", endpoint.name, endpoint.url)
-        (self.state.unreachable.discard if ok else self.state.unreachable.add)(endpoint.name)
-        return ok
+            try:
+                async with self.session.get(
+                    endpoint.url + METRICS_PATH,
+                    timeout=self.timeout,
+                    headers=_METRICS_HEADERS,
+                    auto_decompress=False,
+                ) as response:
+                    if response.status != 200:
+                        raise _Failure("http_status", f"{METRICS_PATH} answered HTTP {response.status}")
+                    body = await response.read()
+                    encoding = response.headers.get("Content-Encoding")
+            except TimeoutError:
+                raise _Failure("timeout", f"no answer within {self.timeout.total:g}s") from None
+            except (aiohttp.ClientError, OSError) as error:
+                raise _Failure("connection", repr(error)) from None
+            try:
+                text = decode_metrics_body(body, encoding)
+                stats = parse_engine_metrics(text, self.clock(), self.served_models(endpoint))
+            except MetricsError as error:
+                raise _Failure(error.reason, str(error)) from None
+        except _Failure as failure:
+            self._metrics_failed(endpoint, failure)
+            return False
+        self.state.record_stats(name, stats)
+        failed = self._metrics_failures.pop(name, 0)
+        if failed:
+            log.info(
+                "replica %s (%s): /metrics readable again after %d failed scrape(s)",
+                name,
+                endpoint.url,
+                failed,
+            )
+        if stats.engine is None and name not in self._no_known_series:
+            self._no_known_series.add(name)
+            log.warning(
+                "replica %s (%s): /metrics has none of the vLLM or SGLang series the router reads; its KV and "
+                "queue signals stay unknown and it is routed on the router's own accounting",
+                name,
+                endpoint.url,
+            )
+        elif stats.engine is not None:
+            self._no_known_series.discard(name)
+        return True
+
+    def _metrics_failed(self, endpoint: Endpoint, failure: _Failure) -> None:
+        name = endpoint.name
+        self.metrics.metrics_scrape_failures.labels(name, failure.reason).inc()
+        self.state.forget_signals(name)
+        count = self._metrics_failures.get(name, 0) + 1
+        self._metrics_failures[name] = count
+        if count == 1:
+            log.warning(
+                "replica %s (%s): cannot read %s (%s: %s); its scraped signals are unknown until a scrape "
+                "succeeds, and whether it gets traffic depends on its %s and real requests only (logged once "
+                "per failure streak)",
+                name,
+                endpoint.url,
+                METRICS_PATH,
+                failure.reason,
+                failure.detail,
+                HEALTH_PATH,
+            )
+        else:
+            log.debug(
+                "replica %s: %s still failing (%s: %s)", name, METRICS_PATH, failure.reason, failure.detail
+            )
+
+    # --- rounds ---------------------------------------------------------------------------------------------
+
+    async def probe(self, endpoint: Endpoint) -> None:
+        """Health and metrics of one replica, concurrently (independent: either may fail alone)."""
+        await asyncio.gather(self.probe_health(endpoint), self.probe_metrics(endpoint))
 
     def export(self) -> None:
         now = self.clock()
         endpoints = self.state.endpoints()
-        self.metrics.retain_replicas({endpoint.name for endpoint in endpoints})
+        known = {endpoint.name for endpoint in endpoints}
+        self.metrics.retain_replicas(known)
+        for per_replica in (self._health_failures, self._metrics_failures):
+            for name in per_replica.keys() - known:
+                del per_replica[name]
+        self._no_health_endpoint &= known
+        self._no_known_series &= known
         for endpoint in endpoints:
             load = self.state.load(endpoint.name)
             self.metrics.outstanding_tokens.labels(endpoint.name).set(max(0, load.tokens))
@@ -70,7 +261,7 @@ class EngineProber:
             self.metrics.replica_healthy.labels(endpoint.name, endpoint.revision).set(1 if routable else 0)
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe_metrics(e) for e in self.state.endpoints()))
+        await asyncio.gather(*(self.probe(e) for e in self.state.endpoints()))
         self.export()
 
     async def run(self) -> None:
@@ -105,7 +296,7 @@ class EngineProber:
 
     async def _probe_logged(self, endpoint: Endpoint) -> None:
         try:
-            await self.probe_metrics(endpoint)
+            await self.probe(endpoint)
         except Exception:  # one bad probe must not stop probing
             log.exception("probe of replica %s failed", endpoint.name)
 

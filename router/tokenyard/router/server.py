@@ -36,9 +36,10 @@ class ServerOptions:
     namespace: str | None = None
     redis_url: str | None = None
     redis_interval_s: float = 0.05
-    # Replica /metrics scrapes, spread over this interval. The default scorers route on the router's own
-    # accounting and read only KV capacity and health from the scrape; bench/bench_router.py measured 0.5 s
-    # scrapes of 8 engines raising no_sharing TTFT p99 by ~30% (the engines' event loops render /metrics).
+    # Replica probes (GET /health for liveness, GET /metrics for signals), spread over this interval. The
+    # default scorers route on the router's own accounting and read only KV capacity from the scrape;
+    # bench/bench_router.py measured 0.5 s scrapes of 8 engines raising no_sharing TTFT p99 by ~30% (the
+    # engines' event loops render /metrics).
     probe_interval_s: float = 2.0
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 600.0

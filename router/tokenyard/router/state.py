@@ -8,9 +8,10 @@ from the caller.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenyard.router.accounting import EjectionPolicy, FailureTracker, LoadLedger, ReplicaLoad, Ticket
@@ -37,6 +38,22 @@ from tokenyard.router.prefix import (
     private_blocks,
 )
 from tokenyard.router.tokenizing import TokenizerCache
+
+# The smallest block the prefix index hashes. vLLM's blocks (8, 16, 32, ... tokens) are used as they are;
+# SGLang's radix cache matches single tokens (its default page is 1 token), and hashing every token would make
+# the index as large as the prompts, so a smaller page is grouped into whole pages of at least
+# DEFAULT_BLOCK_SIZE tokens (a match is then at most one such block shorter than the engine's).
+MIN_ROUTING_BLOCK_TOKENS = 8
+
+
+def routing_block_size(engine_block: int | None) -> int:
+    """Tokens per block of the prefix index for an engine whose KV block (page) holds ``engine_block``
+    tokens: the engine's block itself, or a whole number of small pages; DEFAULT_BLOCK_SIZE when unknown."""
+    if not engine_block or engine_block <= 0:
+        return DEFAULT_BLOCK_SIZE
+    if engine_block >= MIN_ROUTING_BLOCK_TOKENS:
+        return engine_block
+    return engine_block * -(-DEFAULT_BLOCK_SIZE // engine_block)
 
 
 class RoutingError(Exception):
@@ -136,7 +153,9 @@ class RouterState:
         self.failures = FailureTracker(self.settings.ejection)
         self.index = PrefixIndex(DEFAULT_CAPACITY_BLOCKS, self.settings.prefix_max_age_s)
         self.stats: dict[str, EngineStats] = {}
-        self.unreachable: set[str] = set()  # replicas whose last health probe failed
+        # Replicas whose health probes failed (scrape.EngineProber: /health and nothing else; /metrics never
+        # makes a replica unreachable). The "healthy" filter drops them.
+        self.unreachable: set[str] = set()
         self.peer_loads: dict[str, ReplicaLoad] = {}  # other routers' loads, summed (Redis)
         # inserts to publish to peers: replica, prompt block hashes, private blocks
         self.prefix_outbox: list[tuple[str, tuple[int, ...], int]] = []
@@ -174,8 +193,17 @@ class RouterState:
 
     def record_stats(self, replica: str, stats: EngineStats) -> None:
         self.stats[replica] = stats
-        if stats.num_gpu_blocks:
-            self.index.set_capacity(replica, stats.num_gpu_blocks)
+        block = routing_block_size(stats.block_size)
+        capacity = stats.kv_capacity_tokens // block if stats.kv_capacity_tokens else stats.num_gpu_blocks
+        if capacity:
+            self.index.set_capacity(replica, capacity)
+
+    def forget_signals(self, replica: str) -> None:
+        """The replica's /metrics could not be read: its scraped signals are unknown from now on, exactly as
+        if they were stale; the cache geometry it reported before (block size, capacity) still holds."""
+        stats = self.stats.get(replica)
+        if stats is not None and stats.scraped_at != -math.inf:
+            self.stats[replica] = replace(stats, scraped_at=-math.inf)
 
     def load(self, replica: str) -> ReplicaLoad:
         local = self.ledger.load(replica)
@@ -198,7 +226,7 @@ class RouterState:
             outstanding_requests=max(0, load.requests),
             kv_usage=stats.kv_usage if fresh and stats else None,
             queue_waiting=stats.waiting if fresh and stats else None,
-            block_size=(stats.block_size if stats and stats.block_size else DEFAULT_BLOCK_SIZE),
+            block_size=routing_block_size(stats.block_size if stats else None),
         )
 
     def pipeline_for(self, view: ModelView) -> Pipeline:

@@ -155,7 +155,7 @@ class RouterMetrics:
         )
         self.replica_healthy = Gauge(
             "tokenyard_router_replica_healthy",
-            "1 when the replica can be routed to (reachable, not ejected).",
+            "1 when the replica can be routed to: its /health answers and it is not ejected (/metrics plays no part).",
             ["replica", "revision"],
             registry=r,
         )
@@ -163,6 +163,20 @@ class RouterMetrics:
             "tokenyard_router_replica_metrics_stale",
             "1 when the replica's /metrics scrape is older than the freshness bound (treated as unknown).",
             ["replica"],
+            registry=r,
+        )
+        self.metrics_scrape_failures = Counter(
+            "tokenyard_router_metrics_scrape_failures_total",
+            "Failed /metrics scrapes of a replica, by reason (http_status, timeout, connection, decode, parse). "
+            "Liveness never depends on it; the scraped signals are unknown until a scrape succeeds.",
+            ["replica", "reason"],
+            registry=r,
+        )
+        self.health_check_failures = Counter(
+            "tokenyard_router_health_check_failures_total",
+            "Failed /health probes of a replica, by reason (http_status, timeout, connection). Connection "
+            "refused or a non-200 answer makes the replica unreachable at once, timeouts after two in a row.",
+            ["replica", "reason"],
             registry=r,
         )
         self.in_flight = Gauge(
@@ -179,7 +193,14 @@ class RouterMetrics:
             self.replica_healthy,
             self.metrics_stale,
         )
-        self.replica_counters = (self.requests, self.errors, self.retries, self.ejections)
+        self.replica_counters = (
+            self.requests,
+            self.errors,
+            self.retries,
+            self.ejections,
+            self.metrics_scrape_failures,
+            self.health_check_failures,
+        )
         self._departed: dict[str, float] = {}  # replica -> when it left (monotonic seconds)
 
     def forget_replica(self, replica: str, now: float | None = None) -> None:

@@ -9,7 +9,14 @@ import time
 
 import pytest
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from tokenyard.autoscaler.policy import SignalKind
 from tokenyard.autoscaler.prometheus import PrometheusClient, signal_query
 from tokenyard.core.process import stop_process
@@ -196,3 +203,137 @@ async def test_default_queries_against_a_real_prometheus_then_it_stops(real_prom
         assert gone.value is None and "unreachable" in gone.problem
     finally:
         await prom.close()
+
+
+# ---- SGLang-named series, and a target running both engines, through the real Prometheus ---------------------
+async def serve_registry(registry: CollectorRegistry) -> tuple[web.AppRunner, int]:
+    """An exporter of `registry` in the classic text format (see vllm_exporter on why not OpenMetrics)."""
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
+@pytest.fixture
+async def sglang_exporter():
+    """SGLang's scheduler and tokenizer metrics as SGLang names and labels them (python/sglang/srt/metrics/
+    collector.py): two TP ranks reporting the same scheduler state (--enable-metrics-for-all-schedulers) and,
+    with priority scheduling, a priority="" total beside per-priority breakdowns."""
+    registry = CollectorRegistry()
+    scheduler = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank", "priority"]
+    queue = Gauge(
+        "sglang:num_queue_reqs", "The number of requests in the waiting queue.", scheduler, registry=registry
+    )
+    usage = Gauge("sglang:token_usage", "The token usage.", scheduler, registry=registry)
+    for rank in ("0", "1"):
+        queue.labels("m", "unified", rank, "0", rank, "").set(5)
+        queue.labels("m", "unified", rank, "0", rank, "0").set(3)
+        queue.labels("m", "unified", rank, "0", rank, "10").set(2)
+        usage.labels("m", "unified", rank, "0", rank, "").set(0.25)
+    prompt = Counter(
+        "sglang:prompt_tokens", "Number of prefill tokens processed.", ["model_name"], registry=registry
+    )
+    requests = Counter(
+        "sglang:num_requests", "Number of requests processed.", ["model_name"], registry=registry
+    )
+    ttft = Histogram(
+        "sglang:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        ["model_name"],
+        registry=registry,
+        buckets=(0.1, 0.2, 0.4, 0.6, 0.8, 1.0),
+    )
+    # SGLang creates these series at the first finished request
+    prompt.labels("m").inc(0)
+    requests.labels("m").inc(0)
+    runner, port = await serve_registry(registry)
+    yield port, prompt.labels("m"), requests.labels("m"), ttft.labels("m")
+    await runner.cleanup()
+
+
+async def test_default_queries_read_sglang_and_mixed_targets_from_a_real_prometheus(
+    tmp_path, vllm_exporter, sglang_exporter
+):
+    if not shutil.which(PROMETHEUS):
+        pytest.skip("Debian's prometheus package is not installed")
+    vllm_port, waiting, kv, _, _ = vllm_exporter
+    sglang_port, prompt, requests, ttft = sglang_exporter
+    waiting.set(3)
+    kv.set(0.75)
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n"
+        "  - job_name: engines\n"
+        "    static_configs:\n"
+        f"      - targets: ['127.0.0.1:{sglang_port}']\n"
+        "        labels: {namespace: team-a, model_deployment: sg}\n"
+        # an engine-changing rollout: a vLLM pod and an SGLang pod behind one target
+        f"      - targets: ['127.0.0.1:{vllm_port}', '127.0.0.1:{sglang_port}']\n"
+        "        labels: {namespace: team-a, model_deployment: mix}\n"
+    )
+    process = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    prom = PrometheusClient(f"http://127.0.0.1:{port}", timeout_s=2)
+    try:
+
+        def reading(kind: SignalKind, target: str):
+            async def read():
+                r = await prom.query(signal_query(kind, "team-a", target))
+                assert "bad_data" not in r.problem, r
+                return r if r.ok else None
+
+            return read
+
+        # the priority="" total once: not per TP rank (x2), not plus its breakdown (3 + 2)
+        sg_waiting = await wait_for(
+            reading(SignalKind.WAITING_REQUESTS, "sg"), 30, "Prometheus to scrape SGLang"
+        )
+        assert sg_waiting.value == 5.0
+        assert (await prom.query(signal_query(SignalKind.KV_CACHE_USAGE, "team-a", "sg"))).value == 0.25
+
+        async def both_scraped():
+            r = await prom.query(signal_query(SignalKind.WAITING_REQUESTS, "team-a", "mix"))
+            return r if r.ok and r.value == 8.0 else None
+
+        await wait_for(both_scraped, 30, "both engines of the mixed target")  # 3 (vLLM) + 5 (SGLang)
+        mix_kv = await prom.query(signal_query(SignalKind.KV_CACHE_USAGE, "team-a", "mix"))
+        assert mix_kv.value == pytest.approx(0.5)  # (0.75 + 0.25) / 2 pods
+        none = await prom.query(signal_query(SignalKind.WAITING_REQUESTS, "team-a", "nobody"))
+        assert none.value is None and "empty result" in none.problem
+
+        # ten requests of 800 prompt tokens finish: queued tokens = 5 waiting x 800; TTFT from SGLang's buckets
+        prompt.inc(8000)
+        requests.inc(10)
+        for _ in range(10):
+            ttft.observe(0.3)
+
+        async def rated():
+            q = await prom.query(signal_query(SignalKind.QUEUED_TOKENS, "team-a", "sg"))
+            t = await prom.query(signal_query(SignalKind.TTFT_P95, "team-a", "sg"))
+            assert "bad_data" not in q.problem + t.problem, (q, t)
+            return (q, t) if q.ok and t.ok and q.value > 0 and t.value > 0 else None
+
+        queued, p95 = await wait_for(rated, 30, "rates over SGLang's counters and histogram")
+        assert queued.value == pytest.approx(5 * 800)
+        assert 0.2 < p95.value <= 0.4
+    finally:
+        await prom.close()
+        stop_process(process, timeout=10)

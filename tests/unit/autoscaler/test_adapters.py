@@ -28,11 +28,16 @@ from tokenyard.core.types import InferenceAutoscalerSpec
 
 
 # ---- PromQL and responses ----------------------------------------------------------------------------------
-def test_default_queries_select_the_target_and_use_vllm_names():
+def test_default_queries_select_the_target_and_use_both_engines_names():
     q = signal_query(SignalKind.KV_CACHE_USAGE, "team-a", "llama")
-    assert q == 'avg(vllm:kv_cache_usage_perc{namespace="team-a",model_deployment="llama"})'
+    assert q == (
+        'avg(vllm:kv_cache_usage_perc{namespace="team-a",model_deployment="llama"}'
+        " or max without (tp_rank, pp_rank, moe_ep_rank)"
+        ' (sglang:token_usage{priority="",namespace="team-a",model_deployment="llama"}))'
+    )
     ttft = signal_query(SignalKind.TTFT_P95, "team-a", "llama")
     assert "histogram_quantile(0.95" in ttft and "vllm:time_to_first_token_seconds_bucket" in ttft
+    assert "sglang:time_to_first_token_seconds_bucket" in ttft
     assert "$" not in signal_query(SignalKind.QUEUED_TOKENS, "team-a", "llama")
 
 
@@ -42,9 +47,13 @@ def test_token_load_query_adds_the_tokens_running_sequences_hold_to_the_queued_o
     assert load.startswith(queued + " + ") and "$" not in load
     running = load.removeprefix(queued + " + ")
     assert running.startswith(
-        'sum(vllm:num_requests_running{namespace="team-a",model_deployment="llama"}) * ('
+        'sum(vllm:num_requests_running{namespace="team-a",model_deployment="llama"} or max without'
     )
-    assert "vllm:request_generation_tokens_sum" in running and "/ 2" in running
+    assert "sglang:num_running_reqs" in running
+    assert "vllm:request_generation_tokens_sum" in running and "sglang:generation_tokens_total" in running
+    assert "/ 2" in running
+    # the request rate's floor is far below any real rate: a mean, not tokens per second (see prometheus.py)
+    assert ", 1))" not in load and "clamp_min(" in load
 
 
 @pytest.mark.skipif(

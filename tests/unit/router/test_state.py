@@ -3,8 +3,8 @@ import random
 import pytest
 from tokenyard.router.__main__ import build_parser, options_from_args, parse_weights
 from tokenyard.router.discovery import ConfigError, Endpoint, ModelView, Shadow
-from tokenyard.router.enginestats import parse_vllm_metrics
-from tokenyard.router.state import RouterState, RoutingError, prompt_of, render_chat
+from tokenyard.router.enginestats import EngineStats, parse_engine_metrics
+from tokenyard.router.state import RouterState, RoutingError, prompt_of, render_chat, routing_block_size
 
 PROMPT = "shared system prompt " * 100
 
@@ -29,8 +29,8 @@ def state_with(endpoints, **view) -> RouterState:
     return state
 
 
-def test_parse_vllm_metrics_and_freshness():
-    stats = parse_vllm_metrics(VLLM_METRICS, scraped_at=10.0)
+def test_parse_engine_metrics_and_freshness():
+    stats = parse_engine_metrics(VLLM_METRICS, scraped_at=10.0)
     assert (stats.waiting, stats.running, stats.kv_usage) == (3.0, 7.0, 0.42)
     assert (stats.block_size, stats.num_gpu_blocks) == (16, 1234)
     assert (stats.prefix_hits, stats.prefix_queries) == (100.0, 400.0)
@@ -39,11 +39,39 @@ def test_parse_vllm_metrics_and_freshness():
 
 def test_stale_engine_stats_are_unknown_not_zero():
     state = state_with([Endpoint("a", "http://a")])
-    state.record_stats("a", parse_vllm_metrics(VLLM_METRICS, scraped_at=0.0))
+    state.record_stats("a", parse_engine_metrics(VLLM_METRICS, scraped_at=0.0))
     assert state.snapshot(state.models["m"].endpoints[0], now=1.0).queue_waiting == 3.0
     assert state.index.replica("a").capacity_blocks == 1234
     stale = state.snapshot(state.models["m"].endpoints[0], now=100.0)
     assert stale.queue_waiting is None and stale.kv_usage is None
+
+
+def test_failed_metrics_make_signals_unknown_at_once_but_keep_the_cache_geometry():
+    state = state_with([Endpoint("a", "http://a")])
+    endpoint = state.models["m"].endpoints[0]
+    state.record_stats("a", EngineStats(scraped_at=0.0, kv_usage=0.9, waiting=7.0, block_size=32))
+    assert state.snapshot(endpoint, now=1.0).kv_usage == 0.9
+    state.forget_signals("a")  # the next scrape failed
+    snap = state.snapshot(endpoint, now=1.0)
+    assert snap.kv_usage is None and snap.queue_waiting is None  # unknown, as if stale
+    assert snap.block_size == 32 and snap.healthy  # same prefix hashing; still routable
+    state.forget_signals("nobody")  # a replica never scraped: nothing to forget
+    assert "nobody" not in state.stats
+
+
+def test_routing_blocks_follow_the_engine_block_or_group_small_pages():
+    assert routing_block_size(None) == 16
+    assert [routing_block_size(b) for b in (8, 16, 32, 64)] == [8, 16, 32, 64]  # vLLM block sizes as they are
+    assert [routing_block_size(p) for p in (1, 2, 4, 5)] == [16, 16, 16, 20]  # SGLang pages, whole pages
+
+
+def test_sglang_capacity_in_tokens_sizes_the_prefix_index_in_routing_blocks():
+    state = state_with([Endpoint("a", "http://a")])
+    state.record_stats("a", EngineStats(scraped_at=0.0, block_size=1, kv_capacity_tokens=227604))
+    assert state.index.replica("a").capacity_blocks == 227604 // 16
+    assert state.snapshot(state.models["m"].endpoints[0], now=0.0).block_size == 16
+    state.record_stats("a", EngineStats(scraped_at=0.0, block_size=32, num_gpu_blocks=500))
+    assert state.index.replica("a").capacity_blocks == 500  # capacity in blocks only (no token figure)
 
 
 def test_route_opens_a_ticket_indexes_the_prompt_and_follows_the_prefix():
