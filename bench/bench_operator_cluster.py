@@ -147,7 +147,7 @@ def kubectl(binary: Path, kubeconfig: Path, *args: str) -> None:
 def model_deployment(name: str, tensor: int, replicas: int) -> dict:
     spec = {
         "model": {"weights": {"uri": f"hf://bench/{name}"}},
-        "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+        "engine": {"image": "vllm/vllm-openai:v0.13.0"},
         "parallelism": {"tensor": tensor},
         "replicas": replicas,
     }
@@ -246,7 +246,7 @@ BASELINE_SELECTOR = "app=bench-baseline"
 def baseline_deployment(replicas: int = BASELINE_PODS) -> dict:
     container = {
         "name": "engine",
-        "image": "vllm/vllm-openai:v0.11.0",
+        "image": "vllm/vllm-openai:v0.13.0",
         "resources": {
             "limits": {labels.GPU_RESOURCE: str(BASELINE_GPUS)},
             "requests": {labels.GPU_RESOURCE: str(BASELINE_GPUS)},

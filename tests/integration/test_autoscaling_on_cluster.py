@@ -84,9 +84,10 @@ def test_queue_scales_groups_up_then_down_and_missing_data_holds(stack, kube_api
         "spec": {
             "model": {"servedModelName": "busy", "weights": {"uri": "hf://meta-llama/Llama-3.1-8B"}},
             "engine": {
-                "image": "vllm/vllm-openai:v0.11.0",
-                # At most 2 running requests per engine, so that extra load waits in its queue.
-                "env": [{"name": labels.ENV_SIM_MAX_NUM_SEQS, "value": "2"}],
+                "image": "vllm/vllm-openai:v0.13.0",
+                # At most 2 running requests per engine, so that extra load waits in its queue (vLLM's own
+                # flag: the simulator reads it from the rendered command line).
+                "args": ["--max-num-seqs=2"],
             },
             "parallelism": {"tensor": 1},
             "replicas": 1,

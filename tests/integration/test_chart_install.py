@@ -153,7 +153,7 @@ def test_the_operator_works_with_only_the_chart_rbac(helm_binary, devcluster, ku
             "metadata": {"name": "rbac"},
             "spec": {
                 "model": {"weights": {"uri": "hf://org/rbac"}},
-                "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+                "engine": {"image": "vllm/vllm-openai:v0.13.0"},
                 "parallelism": {"tensor": 2},
                 "replicas": 1,
             },

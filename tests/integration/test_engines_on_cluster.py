@@ -38,10 +38,9 @@ def test_each_group_leader_serves_the_model_on_its_pod_ip(stack, kube_api, names
         "metadata": {"name": "served"},
         "spec": {
             "model": {"servedModelName": "team/llama-8b", "weights": {"uri": "hf://meta-llama/Llama-3.1-8B"}},
-            "engine": {
-                "image": "vllm/vllm-openai:v0.11.0",
-                "env": [{"name": labels.ENV_SIM_MODEL_PRESET, "value": "llama-3.1-8b"}],
-            },
+            # The simulator reads the rendered `vllm serve` command line, as a vLLM pod would: the model (and
+            # so its preset) from the weights URI, the tensor-parallel size from spec.parallelism.
+            "engine": {"image": "vllm/vllm-openai:v0.13.0", "args": ["--max-model-len=8192"]},
             "parallelism": {"tensor": 16, "gpusPerPod": 8},
             "replicas": 2,
         },

@@ -31,7 +31,7 @@ def apis(kube_api):
 def mdep(name, tensor=4, replicas=1, **extra):
     spec = {
         "model": {"weights": {"uri": f"hf://org/{name}"}},
-        "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+        "engine": {"image": "vllm/vllm-openai:v0.13.0"},
         "parallelism": {"tensor": tensor},
         "replicas": replicas,
         **extra,

@@ -89,7 +89,7 @@ def test_two_replicas_run_one_at_a_time_and_the_standby_takes_over_after_a_kill(
 
         spec = {
             "model": {"weights": {"uri": "hf://org/pair"}},
-            "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+            "engine": {"image": "vllm/vllm-openai:v0.13.0"},
             "parallelism": {"tensor": 4},
             "replicas": 3,
         }

@@ -119,7 +119,7 @@ def deployment(rollout: dict, env: list[dict] | None = None) -> dict:
         "metadata": {"name": "web"},
         "spec": {
             "model": {"servedModelName": MODEL, "weights": {"uri": "hf://meta-llama/Llama-3.1-8B"}},
-            "engine": {"image": "vllm/vllm-openai:v0.11.0", "env": env or []},
+            "engine": {"image": "vllm/vllm-openai:v0.13.0", "env": env or []},
             "parallelism": {"tensor": 1},
             "replicas": 2,
             "rollout": rollout,

@@ -59,6 +59,8 @@ ENV_SIM_LATENCY_MULTIPLIER = "TOKENYARD_SIM_LATENCY_MULTIPLIER"
 ENV_SIM_STARTUP_SECONDS = "TOKENYARD_SIM_STARTUP_SECONDS"
 ENV_SIM_CRASH_AFTER_REQUESTS = "TOKENYARD_SIM_CRASH_AFTER_REQUESTS"
 ENV_SIM_MAX_NUM_SEQS = "TOKENYARD_SIM_MAX_NUM_SEQS"  # vLLM's --max-num-seqs: requests beyond it queue
+# /metrics fault: "none" (default), "garbage" (200 with a body that is no exposition format), "error" (500)
+ENV_SIM_METRICS_FAULT = "TOKENYARD_SIM_METRICS_FAULT"
 
 # --- annotations on engine pods ------------------------------------------------
 # Pods in the pod's group (leader included); a group serves only when that many are Ready.

@@ -1,17 +1,40 @@
-"""`python -m tokenyard.sim serve ...` (one engine) and `python -m tokenyard.sim pods ...` (the cluster's pods)."""
+"""The simulator's command line.
+
+    python -m tokenyard.sim serve ...                  one engine, the simulator's own options
+    python -m tokenyard.sim pods ...                   the engine pods of a Kubernetes cluster, on their pod IPs
+    python -m tokenyard.sim vllm serve MODEL [FLAGS]   one engine from vLLM's own command line
+    python -m tokenyard.sim sglang --model-path M ...  one engine from SGLang's `launch_server` command line
+    python -m tokenyard.sim python3 -m sglang.launch_server ...   (a container's argv as it is; also
+    python -m tokenyard.sim python3 -m vllm.entrypoints.openai.api_server --model M ...)
+
+The engine command lines take the engines' flags (see `tokenyard.sim.engine_args`; an unknown flag exits with
+status 2 and one line naming it, as the real CLIs do) plus the simulator's own, anywhere on the line:
+`--sim-model PRESET` (when the model's name tells no preset; else TOKENYARD_SIM_MODEL), `--sim-gpu GPU` (default
+h100-sxm) and `--sim-time-scale S` (else TOKENYARD_SIM_TIME_SCALE, else 1). Fault knobs come from the same
+TOKENYARD_SIM_* environment variables a pod's container carries. A `--headless` (or non-zero node rank) worker
+serves nothing and waits for SIGTERM, as a real worker process stays up beside its leader.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
+import re
 import signal
 import sys
 
+from tokenyard.core import labels as L
+from tokenyard.sim.engine_args import SGLANG_FLAGS, VLLM_FLAGS, EngineArgsError, engine_options_from_argv
 from tokenyard.sim.model import GPUS, MODELS, PresetError
+from tokenyard.sim.options import METRICS_FAULTS, PERSONALITIES, knobs_from_env
 from tokenyard.sim.server import DRAIN_TIMEOUT_S, EngineOptions, FaultKnobs, SimEngine
 
 EXIT_USAGE = 2
+PROG = "python -m tokenyard.sim"
+SIM_FLAGS = ("--sim-model", "--sim-gpu", "--sim-time-scale")
+_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +53,10 @@ def _positive_float(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="python -m tokenyard.sim", description="A GPU-free engine that behaves like a vLLM pod."
+        prog=PROG,
+        description="A GPU-free engine that behaves like a vLLM (or SGLang) pod.",
+        epilog="Also: `vllm serve MODEL [vLLM flags]`, `sglang --model-path M [SGLang flags]`, or a container's "
+        "`python3 -m sglang.launch_server ...` argv, each with --sim-model/--sim-gpu/--sim-time-scale.",
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -58,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--latency-multiplier", type=_positive_float, default=1.0)
     serve.add_argument("--startup-seconds", type=float, default=0.0, help="modelled model-load time")
     serve.add_argument("--crash-after-requests", type=int, default=None)
+    serve.add_argument(
+        "--personality",
+        choices=PERSONALITIES,
+        default="vllm",
+        help="whose HTTP API, error bodies and metric names to serve (sglang: /metrics always on here)",
+    )
+    serve.add_argument(
+        "--metrics-fault", choices=METRICS_FAULTS, default="none", help="break /metrics on purpose"
+    )
     serve.add_argument("--log-level", default="INFO")
 
     pods = sub.add_parser("pods", help="serve the engine pods of a Kubernetes cluster on their pod IPs")
@@ -74,6 +109,7 @@ def _options_from_args(args: argparse.Namespace) -> EngineOptions:
         latency_multiplier=args.latency_multiplier,
         startup_seconds=args.startup_seconds,
         crash_after_requests=args.crash_after_requests,
+        metrics_fault=args.metrics_fault,
     )
     return EngineOptions(
         model=args.model,
@@ -89,6 +125,8 @@ def _options_from_args(args: argparse.Namespace) -> EngineOptions:
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
         knobs=knobs,
+        personality=args.personality,
+        enable_metrics=True,
     )
 
 
@@ -120,7 +158,97 @@ async def _pods(args: argparse.Namespace) -> None:
         await runner.stop()
 
 
+def _is_engine_command(argv: list[str]) -> bool:
+    return bool(argv) and (argv[0] in ("vllm", "sglang") or bool(_PYTHON.match(os.path.basename(argv[0]))))
+
+
+def _split_sim_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The simulator's own --sim-* options (anywhere on the line) and the engine's argv without them."""
+    sim: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, has_inline, inline = argv[i].partition("=")
+        if name in SIM_FLAGS:
+            if has_inline:
+                sim[name] = inline
+            elif i + 1 < len(argv):
+                sim[name] = argv[i + 1]
+                i += 1
+            else:
+                raise ValueError(f"argument {name}: expected one argument")
+        else:
+            rest.append(argv[i])
+        i += 1
+    return sim, rest
+
+
+def _engine_options(argv: list[str]) -> EngineOptions:
+    sim, engine_argv = _split_sim_flags(argv)
+    if engine_argv[0] == "sglang":
+        engine_argv = ["python3", "-m", "sglang.launch_server", *engine_argv[1:]]
+    elif engine_argv[0] == "vllm" and engine_argv[1:2] != ["serve"]:
+        raise EngineArgsError("vllm", "only `vllm serve` is simulated")
+    env = os.environ
+    raw_scale = sim.get("--sim-time-scale") or env.get(L.ENV_SIM_TIME_SCALE) or "1"
+    try:
+        time_scale = float(raw_scale)
+    except ValueError:
+        raise ValueError(f"argument --sim-time-scale: time scale {raw_scale!r} is not a number") from None
+    knobs = knobs_from_env(env, "environment")
+    options = engine_options_from_argv(
+        engine_argv,
+        sim_model=sim.get("--sim-model") or env.get(L.ENV_SIM_MODEL_PRESET) or None,
+        gpu=sim.get("--sim-gpu", "h100-sxm"),
+        time_scale=time_scale,
+        knobs=knobs,
+    )
+    options.validate()
+    return options
+
+
+def _engine_help(argv: list[str]) -> str:
+    sglang = argv[0] == "sglang" or "sglang.launch_server" in argv[:3]
+    flags = SGLANG_FLAGS if sglang else VLLM_FLAGS
+    usage = "sglang --model-path MODEL" if sglang else "vllm serve [MODEL]"
+    names = ", ".join(f.display for f in flags)
+    return (
+        f"usage: {PROG} {usage} [flags] [--sim-model PRESET] [--sim-gpu GPU] [--sim-time-scale S]\n"
+        f"flags the simulated engine accepts (as the real one does): {names}\n"
+    )
+
+
+def _engine_main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        print(_engine_help(argv), end="")
+        return 0
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        options = _engine_options(argv)
+    except (EngineArgsError, PresetError, ValueError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if not options.serves_http:
+        logging.getLogger("tokenyard.sim").info(
+            "node rank %d of %d%s: a worker serves no API; waiting for SIGTERM",
+            options.node_rank,
+            options.nnodes,
+            " (--headless)" if options.headless else "",
+        )
+        asyncio.run(_until_signalled())
+        return 0
+    try:
+        asyncio.run(_serve(options))
+    except OSError as e:
+        print(f"{PROG}: error: cannot listen on {options.host}:{options.port}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _is_engine_command(argv):
+        return _engine_main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

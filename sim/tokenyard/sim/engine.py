@@ -100,6 +100,7 @@ class Request:
     num_computed: int = 0  # tokens whose KV is in the cache
     blocks: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # of the full blocks of all_ids, in order
+    num_registered: int = 0  # leading blocks of `blocks` already offered to the prefix cache
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
     num_cached_tokens: int | None = None  # prefix-cache hit at first admission
@@ -460,6 +461,10 @@ class Engine:
         return True
 
     def _hashes_up_to(self, req: Request, num_blocks: int) -> list[int]:
+        return self._ensure_hashes(req, num_blocks)[:num_blocks]
+
+    def _ensure_hashes(self, req: Request, num_blocks: int) -> list[int]:
+        """The request's chained block hashes, computed up to at least `num_blocks` (not a copy)."""
         bs = self.config.block_size
         hashes = req.block_hashes
         ids = req.all_ids
@@ -467,15 +472,20 @@ class Engine:
             k = len(hashes)
             parent = hashes[-1] if hashes else _ROOT_HASH
             hashes.append(hash((parent, tuple(ids[k * bs : (k + 1) * bs]))))
-        return hashes[:num_blocks]
+        return hashes
 
     def _register_full_blocks(self, req: Request) -> None:
+        # Only the blocks that filled up since the last step: with SGLang's one-token pages a long request has
+        # tens of thousands of blocks, and walking them all every step would cost more than the step models.
         if not self.pool.enable_caching:
             return
         full = req.num_computed // self.config.block_size
-        hashes = self._hashes_up_to(req, full)
-        for block, block_hash in zip(req.blocks[:full], hashes, strict=True):
-            self.pool.register(block, block_hash)
+        if full <= req.num_registered:
+            return
+        hashes = self._ensure_hashes(req, full)
+        for i in range(req.num_registered, full):
+            self.pool.register(req.blocks[i], hashes[i])
+        req.num_registered = full
 
     def _admit(self, req: Request, budget: int) -> int | None:
         """Reserve blocks for `req`'s first chunk; the number of tokens it computes this step, or None."""
@@ -492,6 +502,7 @@ class Engine:
         new = self.pool.allocate(needed)
         assert new is not None  # checked above
         req.blocks = hits + new
+        req.num_registered = len(hits)  # cache hits hold their hash already
         req.num_computed = num_cached
         if req.num_cached_tokens is None:
             req.num_cached_tokens = num_cached
@@ -502,6 +513,7 @@ class Engine:
     def _release(self, req: Request) -> None:
         self.pool.release(req.blocks)
         req.blocks = []
+        req.num_registered = 0
 
     def _preempt(self, req: Request) -> None:
         self._release(req)

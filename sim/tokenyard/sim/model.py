@@ -18,7 +18,7 @@ experts a step touches in one layer is E x (1 - (1 - k/E)^tokens).
 
 The KV budget follows vLLM's memory profiling (vllm/v1/worker/gpu_worker.py, `determine_available_memory`):
 memory x utilisation fraction, minus the weights, minus the peak activation memory of the largest step, split
-into blocks of 16 tokens (vLLM's default `--block-size`).
+into blocks of 16 tokens (vLLM's default `--block-size`; SGLang's page size is 1 token).
 """
 
 from __future__ import annotations
@@ -126,9 +126,14 @@ class ModelSpec:
         # vLLM replicates KV heads when TP exceeds their number (each GPU keeps at least one).
         return max(1, math.ceil(self.num_kv_heads / tp))
 
-    def kv_bytes_per_token(self, tp: int = 1) -> int:
-        """KV-cache bytes one token occupies on one GPU: layers x KV heads x head_dim x (K and V) x dtype."""
-        return self.num_layers * self.kv_heads_per_gpu(tp) * self.head_dim * 2 * self.dtype_bytes
+    def kv_bytes_per_token(self, tp: int = 1, pp: int = 1, dtype_bytes: int | None = None) -> int:
+        """KV-cache bytes one token occupies on one GPU: layers x KV heads x head_dim x (K and V) x dtype.
+
+        With pipeline parallelism a GPU holds the KV of its stage's layers only (the first stages take the
+        remainder when the layers do not divide evenly, as vLLM's `get_pp_indices` does)."""
+        layers = math.ceil(self.num_layers / pp)
+        kv_bytes = self.dtype_bytes if dtype_bytes is None else dtype_bytes
+        return layers * self.kv_heads_per_gpu(tp) * self.head_dim * 2 * kv_bytes
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,19 @@ MODELS: dict[str, ModelSpec] = {
             num_kv_heads=8,
             head_dim=128,
             intermediate_size=28672,
+            vocab_size=128256,
+            max_position_embeddings=131072,
+        ),
+        # meta-llama/Llama-3.1-405B-Instruct config.json
+        ModelSpec(
+            name="llama-3.1-405b",
+            hf_id="meta-llama/Llama-3.1-405B-Instruct",
+            num_layers=126,
+            hidden_size=16384,
+            num_attention_heads=128,
+            num_kv_heads=8,
+            head_dim=128,
+            intermediate_size=53248,
             vocab_size=128256,
             max_position_embeddings=131072,
         ),
@@ -282,6 +300,41 @@ def model_preset(name: str) -> ModelSpec:
     raise PresetError(f"unknown model preset {name!r} (known: {', '.join(MODELS)})")
 
 
+# How a Hugging Face id or a checkpoint directory names each preset's model: family, version and size as tokens
+# of the name (case-insensitive; "-", "_", "." and "/" separate tokens), so that "meta-llama/Llama-3.1-8B",
+# "Meta-Llama-3.1-8B-Instruct", "/mnt/pvc/models/llama-3.1-8b-instruct" or "Llama-3.1-405B-Instruct-FP8" find
+# their preset while "Llama-3.1-80B" or "Llama-3.2-8B" do not.
+MODEL_NAME_PATTERNS: dict[str, str] = {
+    "llama-3.1-8b": r"llama-?3[.-]1-8b",
+    "llama-3.1-70b": r"llama-?3[.-][13]-70b",  # Llama 3.3 70B has Llama 3.1 70B's config.json
+    "llama-3.1-405b": r"llama-?3[.-]1-405b",
+    "qwen2.5-72b": r"qwen-?2[.-]5-72b",
+    "mixtral-8x7b": r"mixtral-8x7b",
+}
+_FP8_TOKEN = re.compile(r"(^|[-_./])fp8($|[-_./])", re.IGNORECASE)
+
+
+def preset_for_model_name(name: str) -> ModelSpec | None:
+    """The preset a model argument names (a Hugging Face id, its last part, or a checkpoint path), else None.
+
+    An exact preset name or Hugging Face id wins; otherwise the family, version and size are looked for in the
+    name's last path component (a local path such as /mnt/models/x tells nothing, and gives None)."""
+    try:
+        return model_preset(name)
+    except PresetError:
+        pass
+    last = name.rstrip("/").rsplit("/", 1)[-1].lower().replace("_", "-")
+    for preset, pattern in MODEL_NAME_PATTERNS.items():
+        if re.search(rf"(^|[-.]){pattern}($|[-.])", last):
+            return MODELS[preset]
+    return None
+
+
+def names_fp8_checkpoint(name: str) -> bool:
+    """Whether a model name says its weights are stored in FP8 (e.g. meta-llama/Llama-3.1-405B-Instruct-FP8)."""
+    return bool(_FP8_TOKEN.search(name.rstrip("/").rsplit("/", 1)[-1]))
+
+
 def gpu_preset(name: str) -> GpuSpec:
     """A GPU preset by preset name or by a `nvidia.com/gpu.product` label value."""
     wanted = _normalise(name)
@@ -315,7 +368,12 @@ class StepCost:
 
 @dataclass(frozen=True)
 class Deployment:
-    """A model served on a tensor-parallel group of one GPU type: the unit the simulator models."""
+    """A model served on a tensor- (and pipeline-) parallel group of one GPU type: the unit the simulator models.
+
+    Pipeline parallelism splits the layers into `pp` stages of `tp` GPUs each: weights and KV cache are spread
+    over tp x pp GPUs, and one step runs through the stages one after the other (no micro-batching), so its
+    compute and memory time is that of all layers on `tp` GPUs, plus one activation hand-off per stage boundary.
+    """
 
     model: ModelSpec
     gpu: GpuSpec
@@ -324,15 +382,25 @@ class Deployment:
     block_size: int = BLOCK_SIZE_TOKENS
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS
     max_num_seqs: int = MAX_NUM_SEQS
+    pp: int = 1
+    # None: the model's dtype. Weights: 1 for an FP8 checkpoint, 4 for float32; KV: 1 with --kv-cache-dtype fp8.
+    weight_dtype_bytes: float | None = None
+    kv_dtype_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise PresetError(f"tensor parallel size must be >= 1, got {self.tp}")
+        if self.pp < 1:
+            raise PresetError(f"pipeline parallel size must be >= 1, got {self.pp}")
+        if self.pp > self.model.num_layers:
+            raise PresetError(f"pipeline parallel size {self.pp} exceeds the {self.model.num_layers} layers")
+        if self.block_size < 1:
+            raise PresetError(f"block size must be >= 1, got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise PresetError(f"gpu memory utilisation must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_budget_bytes_per_gpu < self.block_bytes_per_gpu:
             raise PresetError(
-                f"{self.model.name} does not fit on {self.tp} x {self.gpu.name}: "
+                f"{self.model.name} does not fit on {self.tp * self.pp} x {self.gpu.name}: "
                 f"{self.weight_bytes_per_gpu / GIB:.1f} GiB of weights per GPU leave no room for the KV cache "
                 f"in {self.gpu.memory_bytes * self.gpu_memory_utilization / GIB:.1f} GiB; raise --tp"
             )
@@ -340,7 +408,11 @@ class Deployment:
     # --- memory -----------------------------------------------------------------------------------------------
     @property
     def weight_bytes_per_gpu(self) -> float:
-        return self.model.weight_bytes / self.tp
+        return self.model.total_params * self._weight_dtype_bytes / (self.tp * self.pp)
+
+    @property
+    def _weight_dtype_bytes(self) -> float:
+        return self.model.dtype_bytes if self.weight_dtype_bytes is None else self.weight_dtype_bytes
 
     @property
     def activation_bytes_per_gpu(self) -> float:
@@ -360,7 +432,7 @@ class Deployment:
 
     @property
     def kv_bytes_per_token_per_gpu(self) -> int:
-        return self.model.kv_bytes_per_token(self.tp)
+        return self.model.kv_bytes_per_token(self.tp, self.pp, self.kv_dtype_bytes)
 
     @property
     def block_bytes_per_gpu(self) -> int:
@@ -404,10 +476,11 @@ class Deployment:
 
         experts_read = self.expected_experts_touched(shape.num_tokens)
         # The LM head (or, when tied, the embedding matrix) is read once per step too.
-        weights_read = m.dtype_bytes * (
+        weights_read = self._weight_dtype_bytes * (
             m.num_layers * (layer_params + experts_read * m.expert_params) + m.vocab_size * m.hidden_size
         )
-        kv_per_token = m.kv_bytes_per_token(1)  # whole-model figure; divided by TP below with the weights
+        # whole-model figure; divided by TP below with the weights
+        kv_per_token = m.kv_bytes_per_token(1, 1, self.kv_dtype_bytes)
         kv_traffic = (shape.kv_tokens_read + shape.num_tokens) * kv_per_token
         memory_s = (weights_read + kv_traffic) / tp / (g.hbm_bytes_per_s * BANDWIDTH_EFFICIENCY)
 
@@ -416,6 +489,9 @@ class Deployment:
             message = shape.num_tokens * m.hidden_size * m.dtype_bytes
             ring = 2 * (tp - 1) / tp * message / g.interconnect_bytes_per_s + ALLREDUCE_LATENCY_S
             comm_s = 2 * m.num_layers * ring
+        if self.pp > 1:  # each stage hands its activations to the next one
+            message = shape.num_tokens * m.hidden_size * m.dtype_bytes
+            comm_s += (self.pp - 1) * (message / g.interconnect_bytes_per_s + ALLREDUCE_LATENCY_S)
         return StepCost(compute_s, memory_s, comm_s, STEP_OVERHEAD_S)
 
     def step_seconds(self, shape: StepShape) -> float:

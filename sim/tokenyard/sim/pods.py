@@ -2,9 +2,20 @@
 
 The decision is pure: `engine_options_for_pod(pod, node_labels, defaults)` turns a pod (as the API server's JSON,
 camelCase keys) and its node's labels into the engine to serve, or None when the pod should not be served
-(not a leader, not bound, no IP yet, terminating, finished). `PodRunner` is the thin adapter: a thread lists and
-watches pods with the `kubernetes` client and hands every event to the event loop, which starts, restarts or
-stops engines so that the running set matches the pods.
+(not a leader, not bound, no IP yet, terminating, finished, a `--headless` or non-zero node rank worker).
+`PodRunner` is the thin adapter: a thread lists and watches pods with the `kubernetes` client and hands every
+event to the event loop, which starts, restarts or stops engines so that the running set matches the pods.
+
+Where the engine comes from:
+- A vLLM or SGLang pod (its engine container has a `command`, as the operator renders it): the container's
+  `command + args` go through the engine's own command-line parser (`tokenyard.sim.engine_args`), exactly as the
+  real engine would read them: model (and so the preset), served name, TP/PP, context length, concurrency, block
+  size, prefix caching, multi-node role. The host is the pod IP; the port is the command line's, else the
+  container port. An unknown flag makes the pod unservable (PodConfigError naming the pod and the flag), as it
+  would crash the real engine at start.
+- A Custom pod (no `command`): today's TOKENYARD_* environment (preset TOKENYARD_SIM_MODEL, TP, served name).
+Either way TOKENYARD_SIM_* env is the simulator's side channel: fault knobs, time scale, and the preset when the
+model's name does not tell it (TOKENYARD_SIM_MODEL).
 
 Pod IPs in the local cluster are loopback addresses (127.0.0.0/8), so an engine bound to a pod's IP is reachable
 exactly as the real pod would be.
@@ -14,13 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
 from tokenyard.core import labels as L
+from tokenyard.sim.engine_args import EngineArgsError, engine_options_from_argv
 from tokenyard.sim.model import PresetError, gpu_preset, model_preset
-from tokenyard.sim.server import EngineOptions, FaultKnobs, SimEngine
+from tokenyard.sim.options import EngineOptions, FaultKnobs, knobs_from_env
+from tokenyard.sim.server import SimEngine
 
 log = logging.getLogger("tokenyard.sim.pods")
 
@@ -31,7 +45,11 @@ STOP_DRAIN_S = 5.0  # the pod is gone: in-flight requests get a short grace, as 
 
 
 class PodConfigError(ValueError):
-    """The pod asks for an engine the simulator cannot build; the message names the pod and the field."""
+    """The pod asks for an engine the simulator cannot build; the message names the pod and the field (or flag)."""
+
+    def __init__(self, message: str, flag: str | None = None) -> None:
+        super().__init__(message)
+        self.flag = flag
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,22 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
     }
 
 
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion of a container's command and args: $(VAR) becomes the container's env value when
+    VAR is defined (else stays as written); $$ is a literal $."""
+
+    def one(match: re.Match) -> str:
+        name = match.group(1)
+        if name is None:
+            return "$"
+        return env.get(name, match.group(0))
+
+    return _VAR_REF.sub(one, arg)
+
+
 def engine_options_for_pod(
     pod: dict[str, Any], node_labels: dict[str, str], defaults: RunnerDefaults = RunnerDefaults()
 ) -> EngineOptions | None:
@@ -94,9 +128,6 @@ def engine_options_for_pod(
         except ValueError:
             raise PodConfigError(f"pod {key}: env {name}={raw!r} is not a valid {kind.__name__}") from None
 
-    if not port:
-        port = number(L.ENV_ENGINE_PORT, int, DEFAULT_ENGINE_PORT)
-    model = env.get(L.ENV_SIM_MODEL_PRESET) or defaults.model
     gpu_label = node_labels.get(L.NODE_GPU_PRODUCT)
     gpu = defaults.gpu
     if gpu_label:
@@ -107,26 +138,46 @@ def engine_options_for_pod(
                 "pod %s: node %s has unknown GPU product %r, using %s", key, spec["nodeName"], gpu_label, gpu
             )
     try:
-        model = model_preset(model).name
-    except PresetError as e:
-        raise PodConfigError(f"pod {key}: env {L.ENV_SIM_MODEL_PRESET}: {e}") from None
-    knobs = FaultKnobs(
-        error_rate=number(L.ENV_SIM_ERROR_RATE, float, 0.0),
-        latency_multiplier=number(L.ENV_SIM_LATENCY_MULTIPLIER, float, 1.0),
-        startup_seconds=number(L.ENV_SIM_STARTUP_SECONDS, float, 0.0),
-        crash_after_requests=number(L.ENV_SIM_CRASH_AFTER_REQUESTS, int, None),
-    )
-    options = EngineOptions(
-        model=model,
-        gpu=gpu,
-        tp=number(L.ENV_TENSOR_PARALLEL, int, 1),
-        host=pod_ip,
-        port=port,
-        served_model_name=env.get(L.ENV_SERVED_MODEL_NAME) or None,
-        time_scale=number(L.ENV_SIM_TIME_SCALE, float, defaults.time_scale),
-        max_num_seqs=number(L.ENV_SIM_MAX_NUM_SEQS, int, None),
-        knobs=knobs,
-    )
+        knobs = knobs_from_env(env)
+    except ValueError as e:
+        raise PodConfigError(f"pod {key}: {e}") from None
+    time_scale = number(L.ENV_SIM_TIME_SCALE, float, defaults.time_scale)
+
+    command = container.get("command") or []
+    if command:  # vLLM / SGLang: the rendered command line is the truth
+        argv = [_expand(str(a), env) for a in [*command, *(container.get("args") or [])]]
+        try:
+            options = engine_options_from_argv(
+                argv,
+                sim_model=env.get(L.ENV_SIM_MODEL_PRESET) or None,
+                gpu=gpu,
+                time_scale=time_scale,
+                knobs=knobs,
+                default_port=port or None,
+            )
+        except EngineArgsError as e:
+            raise PodConfigError(f"pod {key}: container {container.get('name', '?')}: {e}", e.flag) from None
+        if not options.serves_http:
+            return None  # a worker: it runs the model's other ranks and serves no API
+        options = replace(options, host=pod_ip)
+    else:  # Custom: the TOKENYARD_* environment
+        if not port:
+            port = number(L.ENV_ENGINE_PORT, int, DEFAULT_ENGINE_PORT)
+        try:
+            model = model_preset(env.get(L.ENV_SIM_MODEL_PRESET) or defaults.model).name
+        except PresetError as e:
+            raise PodConfigError(f"pod {key}: env {L.ENV_SIM_MODEL_PRESET}: {e}") from None
+        options = EngineOptions(
+            model=model,
+            gpu=gpu,
+            tp=number(L.ENV_TENSOR_PARALLEL, int, 1),
+            host=pod_ip,
+            port=port,
+            served_model_name=env.get(L.ENV_SERVED_MODEL_NAME) or None,
+            time_scale=time_scale,
+            max_num_seqs=number(L.ENV_SIM_MAX_NUM_SEQS, int, None),
+            knobs=knobs,
+        )
     try:
         options.validate()
     except ValueError as e:

@@ -1,10 +1,23 @@
-"""vLLM's OpenAI-compatible HTTP API around one simulated engine (the aiohttp adapter).
+"""The HTTP API of one simulated engine (the aiohttp adapter), with the personality of vLLM or of SGLang.
 
-Paths and payloads follow vLLM's server (vllm/entrypoints/openai/api_server.py):
+vLLM (the default): paths and payloads follow vLLM's server (vllm/entrypoints/openai/api_server.py):
 `POST /v1/completions`, `POST /v1/chat/completions` (SSE streaming ending in `data: [DONE]`, or one JSON body),
 `GET /v1/models`, `GET /health`, `GET /version`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`; plus
 SGLang's `/get_server_info`, `/get_model_info` and `/get_load`, enough for `sglang-router` to use the engine as a
-worker; plus `GET|POST /sim/config` to read and change the fault knobs of a running engine.
+worker. Errors are vLLM's `ErrorResponse`: `{"error": {"message", "type", "param", "code"}}`
+(vllm/entrypoints/openai/protocol.py, v0.13.0).
+
+SGLang (`--personality sglang`, or an `sglang.launch_server` command line): SGLang's http_server paths
+(python/sglang/srt/entrypoints/http_server.py): the OpenAI ones above, `/generate` (the native API, minimal),
+`/health`, `/health_generate`, `/get_model_info`, `/get_server_info` (and `/model_info`, `/server_info`),
+`/get_load`, `/flush_cache`, and `/metrics` only with `--enable-metrics` (404 otherwise, as SGLang). Errors are
+SGLang's flat `ErrorResponse`: `{"object": "error", "message", "type", "param", "code"}`
+(python/sglang/srt/entrypoints/openai/serving_base.py, `create_error_response`).
+
+Both: `GET|POST /sim/config` to read and change the fault knobs of a running engine, `GET /sim/stats`. /metrics is
+gzip-compressed when the client accepts it and OpenMetrics when it asks for it (`tokenyard.sim.metrics.exposition`),
+and the `metrics_fault` knob breaks it on purpose ("garbage": 200 with a body that is no exposition format;
+"error": 500) while generation goes on.
 
 Timing: the engine core prices each step in modelled seconds; this adapter serves it `time_scale` times as
 fast or slow, on a virtual clock that may lag the event loop but never runs ahead of it: when the loop is late
@@ -25,11 +38,11 @@ import logging
 import random
 import time
 import uuid
+from collections import deque
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tokenyard.sim.engine import (
     Engine,
     EngineError,
@@ -39,92 +52,31 @@ from tokenyard.sim.engine import (
     SchedulerConfig,
     StepOutcome,
 )
-from tokenyard.sim.metrics import EngineMetrics
-from tokenyard.sim.model import (
-    BLOCK_SIZE_TOKENS,
-    GPU_MEMORY_UTILIZATION,
-    Deployment,
-    StepShape,
-    gpu_preset,
-    model_preset,
+from tokenyard.sim.metrics import EngineMetrics, SGLangMetrics, exposition, garbage_exposition
+from tokenyard.sim.model import StepShape
+from tokenyard.sim.options import (
+    METRICS_FAULT_ERROR,
+    METRICS_FAULT_GARBAGE,
+    PERSONALITY_SGLANG,
+    EngineOptions,
+    FaultKnobs,
 )
 from tokenyard.sim.tokenizer import Tokenizer
 
+__all__ = ["DRAIN_TIMEOUT_S", "EngineOptions", "FaultKnobs", "SimEngine"]
+
 log = logging.getLogger("tokenyard.sim")
 
-VLLM_VERSION = "0.10.1-tokenyard-sim"  # what /version reports: the vLLM API generation this engine imitates
+VLLM_VERSION = "0.13.0-tokenyard-sim"  # what /version reports: the vLLM API generation this engine imitates
+SGLANG_VERSION = "0.5.5-tokenyard-sim"  # what SGLang's /get_server_info reports
+# /generate's sampling_params.max_new_tokens default (SGLang's SamplingParams)
+SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
+GEN_THROUGHPUT_WINDOW_S = 5.0  # sglang:gen_throughput is measured over the last few seconds
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default, which vLLM keeps
 DRAIN_TIMEOUT_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 # How far the virtual clock may lag the event loop and still catch up (late timer wake-ups on a busy machine);
 # beyond it the lag is given up and shows as latency.
 MAX_CATCH_UP_S = 0.25
-
-
-@dataclass
-class FaultKnobs:
-    """Behaviour knobs for rollout and failure rehearsals; all can change while the engine runs."""
-
-    error_rate: float = 0.0  # fraction of generation requests answered with a 500
-    latency_multiplier: float = 1.0  # every step takes this many times as long
-    startup_seconds: float = 0.0  # modelled model-load time: /health answers 503 until it has passed
-    crash_after_requests: int | None = (
-        None  # stop listening (and drop connections) when this many have arrived
-    )
-
-    def validated(self) -> FaultKnobs:
-        if not 0.0 <= self.error_rate <= 1.0:
-            raise ValueError(f"error_rate must be in [0, 1], got {self.error_rate}")
-        if self.latency_multiplier <= 0:
-            raise ValueError(f"latency_multiplier must be positive, got {self.latency_multiplier}")
-        if self.startup_seconds < 0:
-            raise ValueError(f"startup_seconds must be >= 0, got {self.startup_seconds}")
-        if self.crash_after_requests is not None and self.crash_after_requests < 0:
-            raise ValueError(f"crash_after_requests must be >= 0, got {self.crash_after_requests}")
-        return self
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """Everything that defines one simulated engine (the CLI and the pod runner both build one)."""
-
-    model: str = "llama-3.1-8b"
-    gpu: str = "h100-sxm"
-    tp: int = 1
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str | None = None  # default: the preset's Hugging Face id
-    time_scale: float = 1.0
-    max_model_len: int | None = None
-    num_gpu_blocks_override: int | None = None  # vLLM's --num-gpu-blocks-override (small caches in tests)
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
-    knobs: FaultKnobs = field(default_factory=FaultKnobs)
-    seed: int = 0  # of the fault injection's random numbers
-
-    def deployment(self) -> Deployment:
-        overrides = {}
-        if self.max_num_seqs is not None:
-            overrides["max_num_seqs"] = self.max_num_seqs
-        if self.max_num_batched_tokens is not None:
-            overrides["max_num_batched_tokens"] = self.max_num_batched_tokens
-        return Deployment(
-            model_preset(self.model),
-            gpu_preset(self.gpu),
-            tp=self.tp,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            block_size=BLOCK_SIZE_TOKENS,
-            **overrides,
-        )
-
-    def validate(self) -> Deployment:
-        """The deployment, or ValueError (PresetError) naming what is wrong."""
-        if self.time_scale <= 0:
-            raise ValueError(f"time scale must be positive, got {self.time_scale}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
-        self.knobs.validated()
-        return self.deployment()
 
 
 @dataclass
@@ -184,9 +136,12 @@ class ApiError(Exception):
             503: "ServiceUnavailableError",
         }.get(status, "Error")
 
-    def response(self) -> web.Response:
-        body = {"object": "error", "message": self.message, "type": self.kind, "param": self.param}
-        body["code"] = self.status
+    def response(self, personality: str = "vllm") -> web.Response:
+        info = {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
+        if personality == PERSONALITY_SGLANG:
+            body: dict[str, Any] = {"object": "error", **info}  # SGLang: flat, as vLLM before v0.10
+        else:
+            body = {"error": info}  # vLLM: ErrorResponse(error=ErrorInfo(...))
         return web.json_response(body, status=self.status)
 
 
@@ -203,6 +158,7 @@ class _Stream:
     finish_reason: str | None = None
     stop_reason: str | None = None
     last_token_wall: float | None = None
+    first_token_wall: float | None = None
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -217,25 +173,46 @@ class SimEngine:
         self.deployment = options.validate()
         self.knobs = replace(options.knobs)
         d = self.deployment
-        self.model_name = options.served_model_name or d.model.hf_id
+        self.personality = options.personality
+        # Both engines serve the model under the name it was launched with unless --served-model-name says
+        # otherwise (vLLM: ModelConfig.served_model_name; SGLang: ServerArgs.served_model_name).
+        self.model_name = options.served_model_name or options.model_path or d.model.hf_id
+        self.model_names = (self.model_name, *options.served_model_aliases)
         self.tokenizer = Tokenizer(d.model.vocab_size)
         num_blocks = options.num_gpu_blocks_override or d.num_gpu_blocks
         max_model_len = min(
             options.max_model_len or d.model.max_position_embeddings, num_blocks * d.block_size
         )
+        budget = d.max_num_batched_tokens
+        if not options.enable_chunked_prefill:  # a whole prompt in one step (vLLM V0 / SGLang chunk -1)
+            budget = max(budget, max_model_len)
         self.core = Engine(
-            SchedulerConfig.for_deployment(d, num_gpu_blocks=num_blocks, max_model_len=max_model_len),
+            SchedulerConfig.for_deployment(
+                d,
+                num_gpu_blocks=num_blocks,
+                max_model_len=max_model_len,
+                max_num_batched_tokens=budget,
+                enable_prefix_caching=options.enable_prefix_caching,
+            ),
             self._step_seconds,
             self.tokenizer,
         )
-        cache_info = {
-            "block_size": str(d.block_size),
-            "num_gpu_blocks": str(num_blocks),
-            "gpu_memory_utilization": str(d.gpu_memory_utilization),
-            "enable_prefix_caching": "True",
-            "cache_dtype": "auto",
-        }
-        self.metrics = EngineMetrics(self.core, self.model_name, max_model_len, cache_info)
+        self._generated: deque[tuple[float, int]] = deque()  # (loop time, tokens) per step, for throughput
+        self._metrics_rng = random.Random(options.seed + 1)
+        if self.personality == PERSONALITY_SGLANG:
+            self.metrics: EngineMetrics | SGLangMetrics = SGLangMetrics(
+                self.core, self.model_name, self.gen_throughput
+            )
+        else:
+            # vLLM's `vllm:cache_config_info` labels are CacheConfig's fields (vllm/config/cache.py).
+            cache_info = {
+                "block_size": str(d.block_size),
+                "num_gpu_blocks": str(num_blocks),
+                "gpu_memory_utilization": str(d.gpu_memory_utilization),
+                "enable_prefix_caching": str(options.enable_prefix_caching),
+                "cache_dtype": options.kv_cache_dtype,
+            }
+            self.metrics = EngineMetrics(self.core, self.model_name, max_model_len, cache_info)
         self._rng = random.Random(options.seed)
         self.timing = TimingStats()
         self._streams: dict[str, _Stream] = {}
@@ -285,11 +262,17 @@ class SimEngine:
         r.add_post("/v1/chat/completions", self.handle_chat)
         r.add_get("/v1/models", self.handle_models)
         r.add_get("/health", self.handle_health)
-        r.add_get("/ping", self.handle_health)
-        r.add_get("/version", self.handle_version)
-        r.add_post("/tokenize", self.handle_tokenize)
-        r.add_post("/detokenize", self.handle_detokenize)
-        r.add_get("/metrics", self.handle_metrics)
+        if self.personality == PERSONALITY_SGLANG:
+            r.add_post("/generate", self.handle_generate)
+            r.add_get("/flush_cache", self.handle_flush_cache)  # SGLang takes both methods
+            if self.options.enable_metrics:  # SGLang mounts /metrics only with --enable-metrics
+                r.add_get("/metrics", self.handle_metrics)
+        else:
+            r.add_get("/ping", self.handle_health)
+            r.add_get("/version", self.handle_version)
+            r.add_post("/tokenize", self.handle_tokenize)
+            r.add_post("/detokenize", self.handle_detokenize)
+            r.add_get("/metrics", self.handle_metrics)
         r.add_get("/get_server_info", self.handle_server_info)
         r.add_get("/server_info", self.handle_server_info)
         r.add_get("/get_model_info", self.handle_model_info)
@@ -396,19 +379,26 @@ class SimEngine:
     def _deliver(self, outcome: StepOutcome, start_wall: float) -> None:
         now_wall = self._loop_time
         m = self.metrics
+        hit_tokens = input_tokens = 0
         for req in outcome.admitted:
             stream = self._streams.get(req.request_id)
             if stream is not None and req.num_preemptions == 0:
-                m.queue_time.observe(max(0.0, start_wall - stream.arrival_wall))
+                m.observe_queue_time(max(0.0, start_wall - stream.arrival_wall))
+                hit_tokens += req.num_cached_tokens or 0
+                input_tokens += req.num_tokens
+        m.observe_prefill_batch(hit_tokens, input_tokens)
+        if outcome.tokens:
+            self._record_generated(now_wall, len(outcome.tokens))
         token_str = self.tokenizer.token_str
         for req, token in outcome.tokens:
             stream = self._streams.get(req.request_id)
             if stream is None or stream.finish_reason is not None:
                 continue
             if stream.last_token_wall is None:
-                m.time_to_first_token.observe(now_wall - stream.arrival_wall)
+                stream.first_token_wall = now_wall
+                m.observe_first_token(now_wall - stream.arrival_wall)
             else:
-                m.inter_token_latency.observe(now_wall - stream.last_token_wall)
+                m.observe_inter_token(now_wall - stream.last_token_wall)
             stream.last_token_wall = now_wall
             stream.num_tokens += 1
             piece = token_str(token)
@@ -443,11 +433,11 @@ class SimEngine:
         if reason is FinishReason.ABORT:
             self.core.abort(req.request_id, modelled_now)
         stream.finish_reason = reason.value
-        m = self.metrics
-        m.request_success[reason].inc()
-        m.e2e_latency.observe(self._loop_time - stream.arrival_wall)
-        m.prompt_tokens.observe(req.num_prompt_tokens)
-        m.generation_tokens.observe(stream.num_tokens)
+        now = self._loop_time
+        ttft = None if stream.first_token_wall is None else stream.first_token_wall - stream.arrival_wall
+        self.metrics.observe_finished(
+            reason, now - stream.arrival_wall, ttft, req.num_prompt_tokens, stream.num_tokens
+        )
         self._streams.pop(req.request_id, None)
         stream.event.set()
 
@@ -486,7 +476,7 @@ class SimEngine:
             include_usage = bool((_get(body, "stream_options", dict, None) or {}).get("include_usage", False))
             s = self._admit(prompt_ids, params, stops)
         except ApiError as e:
-            return e.response()
+            return e.response(self.personality)
         created = int(time.time())
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         response_id = f"{prefix}-{uuid.uuid4().hex}"
@@ -500,6 +490,87 @@ class SimEngine:
         finally:
             if s.finish_reason is None:  # client went away or the handler failed: free the engine's work
                 self._end(s, FinishReason.ABORT, self._modelled(self._loop_time))
+
+    # --- SGLang's native /generate (text or input_ids, sampling_params, stream) ------------------------------
+    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            self._check_serving()
+            body = await _json_body(request)
+            if isinstance(body.get("text"), str):
+                prompt_ids = self.tokenizer.encode(body["text"])
+            elif body.get("input_ids") is not None:
+                prompt_ids = self._completion_prompt(body["input_ids"])
+            else:
+                raise ApiError(400, "give either text (a string) or input_ids", param="text")
+            sampling = _get(body, "sampling_params", dict, {})
+            max_new = _get(sampling, "max_new_tokens", int, SGLANG_DEFAULT_MAX_NEW_TOKENS)
+            min_new = _get(sampling, "min_new_tokens", int, 0)
+            stops = _stops(sampling.get("stop"))
+            limit = self.core.config.max_model_len
+            if not prompt_ids:
+                raise ApiError(400, "the prompt is empty", param="text")
+            if len(prompt_ids) + max_new > limit:
+                raise ApiError(
+                    400,
+                    f"Requested token count exceeds the model's maximum context length of {limit} tokens. You "
+                    f"requested a total of {len(prompt_ids) + max_new} tokens: {len(prompt_ids)} tokens from "
+                    f"the input messages and {max_new} tokens for the completion.",
+                )
+            if max_new < 1 or not 0 <= min_new <= max_new:
+                raise ApiError(400, "max_new_tokens must be >= 1 and min_new_tokens in [0, max_new_tokens]")
+            params = SamplingParams(max_new, min_new, _get(sampling, "ignore_eos", bool, False))
+            stream_mode = _get(body, "stream", bool, False)
+            rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+            s = self._admit(prompt_ids, params, stops)
+        except ApiError as e:  # SGLang's /generate answers {"error": {"message": ...}}
+            return web.json_response({"error": {"message": e.message}}, status=e.status)
+        try:
+            if not stream_mode:
+                while s.finish_reason is None:
+                    s.event.clear()
+                    await s.event.wait()
+                return web.json_response({"text": s.text, "meta_info": self._meta_info(s, rid)})
+            resp = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await resp.prepare(request)
+            sent = 0
+            try:
+                while True:  # SGLang streams the text so far in every chunk
+                    s.event.clear()
+                    if s.finish_reason is not None or len(s.text) > sent:
+                        sent = len(s.text)
+                        chunk = {"text": s.text, "meta_info": self._meta_info(s, rid)}
+                        await resp.write(_sse(chunk))
+                        if s.finish_reason is not None:
+                            break
+                        continue
+                    await s.event.wait()
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+            except ConnectionResetError:
+                pass
+            return resp
+        finally:
+            if s.finish_reason is None:
+                self._end(s, FinishReason.ABORT, self._modelled(self._loop_time))
+
+    def _meta_info(self, s: _Stream, rid: str) -> dict[str, Any]:
+        finish: dict[str, Any] | None = None
+        if s.finish_reason == FinishReason.LENGTH:
+            finish = {"type": "length", "length": s.num_tokens}
+        elif s.finish_reason == FinishReason.STOP:
+            finish = {"type": "stop", "matched": s.stop_reason}
+        elif s.finish_reason == FinishReason.ABORT:
+            finish = {"type": "abort", "message": "the request was aborted"}
+        return {
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": s.request.num_prompt_tokens,
+            "completion_tokens": s.num_tokens,
+            "cached_tokens": s.request.num_cached_tokens or 0,
+            "e2e_latency": self._loop_time - s.arrival_wall,
+        }
 
     def _usage(self, s: _Stream) -> dict[str, Any]:
         prompt = s.request.num_prompt_tokens
@@ -599,7 +670,7 @@ class SimEngine:
 
     def _parse(self, body: dict[str, Any], kind: str) -> tuple[list[int], SamplingParams, tuple[str, ...]]:
         model = body.get("model")
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self.model_names:
             raise ApiError(404, f"The model `{model}` does not exist.", param="model", kind="NotFoundError")
         n = _get(body, "n", int, 1)
         if n != 1:
@@ -641,15 +712,7 @@ class SimEngine:
             raise ApiError(
                 400, f"min_tokens must be between 0 and max_tokens, got {min_tokens}", param="min_tokens"
             )
-        stop = body.get("stop")
-        if stop is None:
-            stops: tuple[str, ...] = ()
-        elif isinstance(stop, str):
-            stops = (stop,) if stop else ()
-        elif isinstance(stop, list) and all(isinstance(x, str) for x in stop):
-            stops = tuple(x for x in stop if x)
-        else:
-            raise ApiError(400, "stop must be a string or a list of strings", param="stop")
+        stops = _stops(body.get("stop"))
         for key in ("temperature", "top_p"):
             if key in body and body[key] is not None and not isinstance(body[key], int | float):
                 raise ApiError(400, f"{key} must be a number", param=key)
@@ -685,23 +748,39 @@ class SimEngine:
         return await self._serve(request, "chat")
 
     async def handle_models(self, request: web.Request) -> web.Response:
-        card = {
-            "id": self.model_name,
-            "object": "model",
-            "created": self._created,
-            "owned_by": "vllm",
-            "root": self.deployment.model.hf_id,
-            "parent": None,
-            "max_model_len": self.core.config.max_model_len,
-            "permission": [],
-        }
-        return web.json_response({"object": "list", "data": [card]})
+        root = self.options.model_path or self.deployment.model.hf_id
+        if self.personality == PERSONALITY_SGLANG:
+            cards = [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": self._created,
+                    "owned_by": "sglang",
+                    "root": root,
+                    "max_model_len": self.core.config.max_model_len,
+                }
+            ]
+        else:  # one card per served name, as vLLM's OpenAIServingModels.show_available_models
+            cards = [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": self._created,
+                    "owned_by": "vllm",
+                    "root": root,
+                    "parent": None,
+                    "max_model_len": self.core.config.max_model_len,
+                    "permission": [],
+                }
+                for name in self.model_names
+            ]
+        return web.json_response({"object": "list", "data": cards})
 
     async def handle_health(self, request: web.Request) -> web.Response:
         try:
             self._check_serving()
         except ApiError as e:
-            return e.response()
+            return e.response(self.personality)
         return web.Response(status=200)
 
     async def handle_version(self, request: web.Request) -> web.Response:
@@ -717,7 +796,7 @@ class SimEngine:
             else:
                 raise ApiError(400, "give either prompt (a string) or messages", param="prompt")
         except ApiError as e:
-            return e.response()
+            return e.response(self.personality)
         ids = self.tokenizer.encode(text)
         token_strs = [self.tokenizer.token_str(t) for t in ids] if body.get("return_token_strs") else None
         return web.json_response(
@@ -738,12 +817,34 @@ class SimEngine:
             ):
                 raise ApiError(400, "tokens must be a list of integers", param="tokens")
         except ApiError as e:
-            return e.response()
+            return e.response(self.personality)
         return web.json_response({"prompt": self.tokenizer.decode(tokens)})
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        payload = generate_latest(self.metrics.registry)
-        return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        accept_encoding = request.headers.get("Accept-Encoding")
+        fault = self.knobs.metrics_fault
+        if fault == METRICS_FAULT_ERROR:
+            return web.Response(status=500, text="simulated /metrics failure (metrics_fault=error)\n")
+        if fault == METRICS_FAULT_GARBAGE:
+            body, headers = garbage_exposition(accept_encoding, self._metrics_rng)
+        else:
+            body, headers = exposition(self.metrics.registry, request.headers.get("Accept"), accept_encoding)
+        return web.Response(body=body, headers=headers)
+
+    def _record_generated(self, now: float, tokens: int) -> None:
+        samples = self._generated
+        samples.append((now, tokens))
+        while samples and samples[0][0] < now - GEN_THROUGHPUT_WINDOW_S:
+            samples.popleft()
+
+    def gen_throughput(self) -> float:
+        """Generated tokens per served second over the last GEN_THROUGHPUT_WINDOW_S (SGLang's gen_throughput)."""
+        if not self._runner:
+            return 0.0
+        now = self._loop_time
+        window = min(GEN_THROUGHPUT_WINDOW_S, now - self._started_wall)
+        tokens = sum(n for t, n in self._generated if t >= now - GEN_THROUGHPUT_WINDOW_S)
+        return tokens / window if window > 0 else 0.0
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
         d, cfg = self.deployment, self.core.config
@@ -759,8 +860,8 @@ class SimEngine:
             "max_running_requests": cfg.max_num_seqs,
             "max_total_num_tokens": cfg.num_gpu_blocks * cfg.block_size,
             "chunked_prefill_size": cfg.max_num_batched_tokens,
-            "version": VLLM_VERSION,
-            "internal_states": [{"last_gen_throughput": 0.0, "load": self._load()}],
+            "version": SGLANG_VERSION if self.personality == PERSONALITY_SGLANG else VLLM_VERSION,
+            "internal_states": [{"last_gen_throughput": self.gen_throughput(), "load": self._load()}],
         }
         return web.json_response(info)
 
@@ -817,7 +918,7 @@ class SimEngine:
             except (TypeError, ValueError) as e:
                 raise ApiError(400, str(e)) from e
         except ApiError as e:
-            return e.response()
+            return e.response(self.personality)
         self.knobs = knobs
         log.info("engine %s on %s: knobs now %s", self.model_name, self.url, asdict(knobs))
         return web.json_response(asdict(self.knobs))
@@ -840,6 +941,16 @@ def _get(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
         raise ApiError(400, f"{key} must be of type {kind.__name__}, got {json.dumps(value)[:40]}", param=key)
     return value
+
+
+def _stops(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,) if stop else ()
+    if isinstance(stop, list) and all(isinstance(x, str) for x in stop):
+        return tuple(x for x in stop if x)
+    raise ApiError(400, "stop must be a string or a list of strings", param="stop")
 
 
 def _chat_prompt(messages: Any) -> str:

@@ -209,11 +209,14 @@ async def test_malformed_requests_get_vllm_style_errors(start_engine, http):
         ) as r:
             body = await r.json()
             assert r.status == status, body
-            assert body["object"] == "error" and body["code"] == status and body["message"]
-            assert body["type"] == ("BadRequestError" if status == 400 else "NotFoundError")
-            assert body["param"] == param
+            # vLLM v0.13.0's ErrorResponse: {"error": {"message", "type", "param", "code"}}
+            assert set(body) == {"error"}, body
+            error = body["error"]
+            assert error["code"] == status and error["message"]
+            assert error["type"] == ("BadRequestError" if status == 400 else "NotFoundError")
+            assert error["param"] == param
     async with http.post(engine.url + "/v1/chat/completions", json={"messages": []}) as r:
-        assert r.status == 400 and (await r.json())["param"] == "messages"
+        assert r.status == 400 and (await r.json())["error"]["param"] == "messages"
 
 
 async def test_tokenize_detokenize_and_stop_strings(start_engine, http):
@@ -271,11 +274,11 @@ async def test_fault_knobs_and_their_admin_endpoint(start_engine, http):
     ) as r:
         assert r.status == 200
     async with http.post(engine.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}) as r:
-        assert r.status == 500 and (await r.json())["type"] == "InternalServerError"
+        assert r.status == 500 and (await r.json())["error"]["type"] == "InternalServerError"
     async with http.post(engine.url + "/sim/config", json={"error_rate": 2}) as r:
-        assert r.status == 400 and "error_rate" in (await r.json())["message"]
+        assert r.status == 400 and "error_rate" in (await r.json())["error"]["message"]
     async with http.post(engine.url + "/sim/config", json={"explode": True}) as r:
-        assert r.status == 400 and "explode" in (await r.json())["message"]
+        assert r.status == 400 and "explode" in (await r.json())["error"]["message"]
 
     async with http.post(
         engine.url + "/sim/config", json={"error_rate": 0.0, "crash_after_requests": 1}

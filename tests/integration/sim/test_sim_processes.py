@@ -1,5 +1,7 @@
-"""The engine as a process: `serve` stops cleanly on SIGTERM; `sglang-router` routes to sim engines."""
+"""The engine as a process: `serve` stops cleanly on SIGTERM; the engines' own command lines start the engine
+they describe (and a headless worker serves nothing); `sglang-router` routes to sim engines."""
 
+import asyncio
 import os
 import signal
 import socket
@@ -8,6 +10,7 @@ import sys
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tokenyard.core.process import stop_process
 
 from tests.integration.sim.conftest import eventually, scrape
@@ -54,6 +57,97 @@ async def test_serve_answers_and_stops_cleanly_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def sim_process(*argv: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tokenyard.sim", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+    )
+
+
+async def test_vllm_serve_command_line_starts_the_engine_it_describes():
+    port = free_port()
+    proc = sim_process(
+        "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", "chat",
+        "--max_model_len=4096",
+        "--no-enable-prefix-caching",
+        "--block-size", "32",
+        "--sim-time-scale", "0.05",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_healthy(session, url, proc)
+            async with session.get(url + "/v1/models") as r:
+                (card,) = (await r.json())["data"]
+            assert (card["id"], card["root"], card["max_model_len"]) == (
+                "chat",
+                "meta-llama/Llama-3.1-8B-Instruct",
+                4096,
+            )
+            async with session.get(url + "/metrics") as r:
+                text = await r.text()
+            info = next(
+                s.labels
+                for f in text_string_to_metric_families(text)
+                if f.name == "vllm:cache_config_info"
+                for s in f.samples
+            )
+            assert (info["enable_prefix_caching"], info["block_size"]) == ("False", "32")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        stop_process(proc, timeout=5)
+
+
+async def test_sglang_command_line_starts_an_sglang_engine():
+    port = free_port()
+    proc = sim_process(
+        "sglang", "--model-path", "/mnt/models/x", "--port", str(port), "--enable-metrics", "--tp", "2",
+        TOKENYARD_SIM_MODEL="llama-3.1-8b",
+        TOKENYARD_SIM_TIME_SCALE="0.05",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"  # SGLang's --host default
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_healthy(session, url, proc)
+            async with session.post(
+                url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}}
+            ) as r:
+                assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] <= 2
+            async with session.get(url + "/metrics") as r:
+                assert "sglang:num_running_reqs" in await r.text()
+            async with session.get(url + "/get_server_info") as r:
+                assert (await r.json())["tp_size"] == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        stop_process(proc, timeout=5)
+
+
+async def test_a_headless_worker_serves_nothing_and_stops_on_sigterm():
+    port = free_port()
+    proc = sim_process(
+        "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank", "1",
+        "--master-addr", "127.0.0.1", "--master-port", "29500", "--headless",
+    )  # fmt: skip
+    try:
+        await asyncio.sleep(1.5)
+        assert proc.poll() is None, proc.stdout.read().decode()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert b"serves no API" in proc.stdout.read()
+    finally:
+        stop_process(proc, timeout=5)
 
 
 async def test_sglang_router_cache_aware_policy_routes_repeated_prefixes_to_the_same_engine(

@@ -276,7 +276,7 @@ def test_a_promql_query_with_an_unknown_name_is_reported_as_the_users_mistake():
     spec = ModelDeploymentSpec.parse(
         {
             "model": {"weights": {"uri": "hf://org/m"}},
-            "engine": {"image": "vllm/vllm-openai:v0.11.0"},
+            "engine": {"image": "vllm/vllm-openai:v0.13.0"},
             "rollout": {"analysis": {"metrics": [metric.dump()]}},
         }
     )

@@ -28,7 +28,13 @@ def test_kv_heads_split_by_tp_and_replicated_beyond_their_number():
 
 @pytest.mark.parametrize(
     ("name", "published_billions"),
-    [("llama-3.1-8b", 8.03), ("llama-3.1-70b", 70.6), ("qwen2.5-72b", 72.7), ("mixtral-8x7b", 46.7)],
+    [
+        ("llama-3.1-8b", 8.03),
+        ("llama-3.1-70b", 70.6),
+        ("llama-3.1-405b", 405.9),
+        ("qwen2.5-72b", 72.7),
+        ("mixtral-8x7b", 46.7),
+    ],
 )
 def test_parameter_counts_match_the_model_cards(name, published_billions):
     assert model_preset(name).total_params / 1e9 == pytest.approx(published_billions, rel=0.01)
@@ -134,3 +140,27 @@ def test_presets_resolve_by_name_hf_id_and_gpu_product_label():
     assert gpu_preset("NVIDIA-A100-SXM4-80GB").name == "a100-80gb"
     with pytest.raises(PresetError, match="unknown GPU preset 'tpu'"):
         gpu_preset("tpu")
+
+
+def test_llama_405b_shapes_from_its_config_json():
+    m = model_preset("llama-3.1-405b")
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_dim) == (
+        126,
+        16384,
+        128,
+        8,
+        128,
+    )
+    assert (m.intermediate_size, m.vocab_size, m.max_position_embeddings) == (53248, 128256, 131072)
+
+
+def test_pipeline_stages_split_weights_and_kv_but_not_the_step():
+    m, g = model_preset("llama-3.1-70b"), gpu_preset("h100-sxm")
+    tp4, tp2pp2 = Deployment(m, g, tp=4), Deployment(m, g, tp=2, pp=2)
+    assert tp2pp2.weight_bytes_per_gpu == tp4.weight_bytes_per_gpu
+    assert m.kv_bytes_per_token(tp=2, pp=2) == m.kv_bytes_per_token(tp=4)
+    assert m.kv_bytes_per_token(pp=3) == 27 * 8 * 128 * 2 * 2  # 80 layers: the first stages hold 27
+    # one step runs all layers on 2 GPUs at a time: slower than on 4
+    assert tp2pp2.decode_step_seconds(64, 1000) > tp4.decode_step_seconds(64, 1000)
+    with pytest.raises(PresetError, match="pipeline parallel size 81 exceeds the 80 layers"):
+        Deployment(m, g, tp=1, pp=81)
