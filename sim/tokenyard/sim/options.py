@@ -61,19 +61,24 @@ class FaultKnobs:
         return self
 
 
+def env_value(env: Mapping[str, str], name: str, kind: type, default: Any, where: str = "env") -> Any:
+    """`env[name]` converted to `kind`, `default` when unset or empty; ValueError naming the variable."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{where} {name}={raw!r} is not a valid {kind.__name__}") from None
+
+
 def knobs_from_env(env: Mapping[str, str], where: str = "env") -> FaultKnobs:
     """The fault knobs a TOKENYARD_SIM_* environment sets (a pod's container env, or the CLI's environment).
 
     ValueError naming the variable when a value does not parse or is out of range."""
 
     def value(name: str, kind: type, default: Any) -> Any:
-        raw = env.get(name)
-        if raw is None or raw == "":
-            return default
-        try:
-            return kind(raw)
-        except ValueError:
-            raise ValueError(f"{where} {name}={raw!r} is not a valid {kind.__name__}") from None
+        return env_value(env, name, kind, default, where)
 
     knobs = FaultKnobs(
         error_rate=value(L.ENV_SIM_ERROR_RATE, float, 0.0),

@@ -33,7 +33,7 @@ from typing import Any
 from tokenyard.core import labels as L
 from tokenyard.sim.engine_args import EngineArgsError, engine_options_from_argv
 from tokenyard.sim.model import PresetError, gpu_preset, model_preset
-from tokenyard.sim.options import EngineOptions, FaultKnobs, knobs_from_env
+from tokenyard.sim.options import EngineOptions, FaultKnobs, env_value, knobs_from_env
 from tokenyard.sim.server import SimEngine
 
 log = logging.getLogger("tokenyard.sim.pods")
@@ -120,13 +120,10 @@ def engine_options_for_pod(
     env = _env(container)
 
     def number(name: str, kind: type, default: Any) -> Any:
-        raw = env.get(name)
-        if raw is None or raw == "":
-            return default
         try:
-            return kind(raw)
-        except ValueError:
-            raise PodConfigError(f"pod {key}: env {name}={raw!r} is not a valid {kind.__name__}") from None
+            return env_value(env, name, kind, default)
+        except ValueError as e:
+            raise PodConfigError(f"pod {key}: {e}") from None
 
     gpu_label = node_labels.get(L.NODE_GPU_PRODUCT)
     gpu = defaults.gpu

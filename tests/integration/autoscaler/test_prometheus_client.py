@@ -120,21 +120,22 @@ async def vllm_exporter():
     await runner.cleanup()
 
 
-@pytest.fixture
-def real_prometheus(tmp_path, vllm_exporter):
-    if not shutil.which(PROMETHEUS):
-        pytest.skip("Debian's prometheus package is not installed")
-    exporter_port = vllm_exporter[0]
+def start_prometheus(tmp_path, targets: list[tuple[list[int], str]]) -> tuple[subprocess.Popen, int]:
+    """A real Prometheus scraping each group of loopback ports every second, labelled as the engine pods of
+    the ModelDeployment named beside them (namespace team-a)."""
     port = free_port()
     config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n"
-        "  - job_name: engines\n"
-        "    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{exporter_port}']\n"
-        "        labels: {namespace: team-a, model_deployment: llama}\n"
-    )
+    lines = [
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n",
+        "scrape_configs:\n",
+        "  - job_name: engines\n",
+        "    static_configs:\n",
+    ]
+    for ports, deployment in targets:
+        listed = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
+        lines.append(f"      - targets: [{listed}]\n")
+        lines.append(f"        labels: {{namespace: team-a, model_deployment: {deployment}}}\n")
+    config.write_text("".join(lines))
     process = subprocess.Popen(
         [
             PROMETHEUS,
@@ -146,6 +147,14 @@ def real_prometheus(tmp_path, vllm_exporter):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    return process, port
+
+
+@pytest.fixture
+def real_prometheus(tmp_path, vllm_exporter):
+    if not shutil.which(PROMETHEUS):
+        pytest.skip("Debian's prometheus package is not installed")
+    process, port = start_prometheus(tmp_path, [([vllm_exporter[0]], "llama")])
     yield f"http://127.0.0.1:{port}", process, vllm_exporter
     stop_process(process, timeout=10)
 
@@ -267,30 +276,8 @@ async def test_default_queries_read_sglang_and_mixed_targets_from_a_real_prometh
     sglang_port, prompt, requests, ttft = sglang_exporter
     waiting.set(3)
     kv.set(0.75)
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-        "scrape_configs:\n"
-        "  - job_name: engines\n"
-        "    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{sglang_port}']\n"
-        "        labels: {namespace: team-a, model_deployment: sg}\n"
-        # an engine-changing rollout: a vLLM pod and an SGLang pod behind one target
-        f"      - targets: ['127.0.0.1:{vllm_port}', '127.0.0.1:{sglang_port}']\n"
-        "        labels: {namespace: team-a, model_deployment: mix}\n"
-    )
-    process = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    # "mix" is an engine-changing rollout: a vLLM pod and an SGLang pod behind one target.
+    process, port = start_prometheus(tmp_path, [([sglang_port], "sg"), ([vllm_port, sglang_port], "mix")])
     prom = PrometheusClient(f"http://127.0.0.1:{port}", timeout_s=2)
     try:
 
