@@ -87,11 +87,26 @@ async def test_every_failure_is_no_data_with_its_reason(fake_prometheus):
 
 
 # ---- the real Prometheus ---------------------------------------------------------------------------------------
+async def serve_registry(registry: CollectorRegistry) -> tuple[web.AppRunner, int]:
+    """An exporter of `registry` in the classic text format whatever the Accept header: Prometheus 2.42 asks for
+    OpenMetrics first, and prometheus_client 0.26's OpenMetrics output rewrites the colons of vLLM's and SGLang's
+    names to underscores."""
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
 @pytest.fixture
 async def vllm_exporter():
-    """A tiny exporter with vLLM's metric names, served in the classic text format whatever the Accept header:
-    Prometheus 2.42 asks for OpenMetrics first, and prometheus_client 0.26's OpenMetrics output rewrites the
-    colons of vLLM's names to underscores."""
+    """A tiny exporter with vLLM's metric names (see serve_registry for the format)."""
     registry = CollectorRegistry()
     waiting = Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=registry)
     kv = Gauge("vllm:kv_cache_usage_perc", "kv", ["model_name"], registry=registry)
@@ -106,16 +121,7 @@ async def vllm_exporter():
         buckets=(0.1, 0.5, 1.0, 2.5),
     )
 
-    async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    runner, port = await serve_registry(registry)
     yield port, waiting.labels("llama"), kv.labels("llama"), prompt.labels("llama"), ttft.labels("llama")
     await runner.cleanup()
 
@@ -215,21 +221,6 @@ async def test_default_queries_against_a_real_prometheus_then_it_stops(real_prom
 
 
 # ---- SGLang-named series, and a target running both engines, through the real Prometheus ---------------------
-async def serve_registry(registry: CollectorRegistry) -> tuple[web.AppRunner, int]:
-    """An exporter of `registry` in the classic text format (see vllm_exporter on why not OpenMetrics)."""
-
-    async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]
-
-
 @pytest.fixture
 async def sglang_exporter():
     """SGLang's scheduler and tokenizer metrics as SGLang names and labels them (python/sglang/srt/metrics/
