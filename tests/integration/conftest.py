@@ -6,6 +6,7 @@ test asks for it, in a temporary folder on free ports, and every process it star
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -234,3 +235,77 @@ def prometheus_query(url: str, query: str) -> list[dict]:
         body = json.loads(r.read())
     assert body["status"] == "success", body
     return body["data"]["result"]
+
+
+class CuttableProxy:
+    """A TCP proxy on 127.0.0.1 in front of a real server (TLS passes through untouched) that a test can cut:
+    after `cut()`, bytes stop flowing on open connections and new connections are accepted but never answered —
+    a server that hangs, the hardest kind of "down" for a client without timeouts."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        import socket
+        import threading
+
+        self.target = (target_host, target_port)
+        self.cut_event = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._sockets.append(client)
+            if self.cut_event.is_set():
+                continue  # hold it open, never answer
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            self._sockets.append(upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source, sink) -> None:
+        try:
+            while not self.cut_event.is_set():
+                data = source.recv(65536)
+                if not data or self.cut_event.is_set():
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        if not self.cut_event.is_set():  # a real close travels through; a cut leaves both ends hanging
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(2)
+
+    def cut(self) -> None:
+        self.cut_event.set()
+
+    def close(self) -> None:
+        self._closed = True
+        for s in [self._listener, *self._sockets]:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def kubeconfig_through(kubeconfig: Path, proxy_port: int, out: Path) -> Path:
+    """A copy of `kubeconfig` whose server is the proxy on `proxy_port` (same scheme and credentials)."""
+    from urllib.parse import urlsplit
+
+    doc = yaml.safe_load(kubeconfig.read_text())
+    for cluster in doc["clusters"]:
+        url = urlsplit(cluster["cluster"]["server"])
+        cluster["cluster"]["server"] = f"{url.scheme}://127.0.0.1:{proxy_port}"
+    out.write_text(yaml.safe_dump(doc))
+    return out

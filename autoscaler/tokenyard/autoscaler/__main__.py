@@ -9,7 +9,7 @@ import signal
 import sys
 from urllib.parse import urlparse
 
-from tokenyard.autoscaler.controller import run_autoscaler
+from tokenyard.autoscaler.controller import DRAIN_SECONDS, run_autoscaler
 from tokenyard.autoscaler.prometheus import DEFAULT_SELECTOR
 
 
@@ -65,6 +65,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_SELECTOR,
         help="PromQL label matchers selecting a target's engine series ($namespace, $target)",
     )
+    parser.add_argument(
+        "--drain-timeout",
+        type=_positive,
+        default=DRAIN_SECONDS,
+        help="on SIGTERM, seconds the pass in flight may take before it is abandoned",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser.parse_args(argv)
 
@@ -83,6 +89,7 @@ async def _main(args: argparse.Namespace) -> None:
         metrics_port=args.metrics_port,
         lease_namespace=args.lease_namespace,
         selector=args.selector,
+        drain_seconds=args.drain_timeout,
     )
 
 

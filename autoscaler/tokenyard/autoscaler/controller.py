@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.rest import ApiException
@@ -59,6 +60,10 @@ PLURAL = "inferenceautoscalers"
 COMPONENT_NAME = "tokenyard-autoscaler"
 LEASE_NAME = "tokenyard-autoscaler"
 MERGE_PATCH = "application/merge-patch+json"
+# On SIGTERM: how long the pass in flight may go on, then how long releasing the Lease may take. Together well
+# inside Kubernetes' default 30 s termination grace period, whatever the API server and Prometheus do.
+DRAIN_SECONDS = 5.0
+RELEASE_SECONDS = 3.0
 
 # Plurals of the kinds a scaleTargetRef usually names; others fall back to lower-case kind + "s".
 KNOWN_PLURALS = {
@@ -431,8 +436,12 @@ class AutoscalerController:
         metrics: AutoscalerMetrics | None = None,
         identity: str | None = None,
         clock=time.time,
+        drain_seconds: float = DRAIN_SECONDS,
+        release_seconds: float = RELEASE_SECONDS,
     ) -> None:
         self.custom = client.CustomObjectsApi(api_client)
+        self.drain_seconds = drain_seconds
+        self.release_seconds = release_seconds
         self.core = client.CoreV1Api(api_client)
         self.prometheus = prometheus
         self.elector = LeaseElector(client.CoordinationV1Api(api_client), lease_namespace, identity=identity)
@@ -443,26 +452,54 @@ class AutoscalerController:
         self._tracked: dict[tuple[str, str, str], _Tracked] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Passes until `stop` is set. A stop that comes mid-pass gives the pass `drain_seconds` to finish (its
+        scale writes are worth completing), then abandons it; the Lease is released within `release_seconds`.
+        So the process exits in bounded time even when the API server or Prometheus hangs or is gone: a pass
+        or a release stuck on a dead connection is cancelled, not awaited."""
         log.info("autoscaler loop starting (identity %s)", self.elector.identity)
         try:
             while not stop.is_set():
-                try:
-                    leader = await self.elector.ensure_leader()
-                    self.metrics.leader.set(1 if leader else 0)
-                    if leader:
-                        await self.reconcile_all()
-                    self.metrics.iteration.set(self.clock())
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # the loop survives anything one pass throws
-                    self.metrics.errors.labels("loop").inc()
-                    log.exception("autoscaler pass failed; retrying in %.0fs", self.tick_seconds)
+                one_pass = asyncio.create_task(self._one_pass(), name="autoscaler-pass")
+                stopped = asyncio.create_task(stop.wait(), name="autoscaler-stop")
+                await asyncio.wait({one_pass, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not one_pass.done():
+                    await self._finish_or_abandon(one_pass)
+                stopped.cancel()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.tick_seconds)
         finally:
-            await self.elector.release()
+            await self._release_lease()
             self.metrics.leader.set(0)
             log.info("autoscaler loop stopped")
+
+    async def _one_pass(self) -> None:
+        try:
+            leader = await self.elector.ensure_leader()
+            self.metrics.leader.set(1 if leader else 0)
+            if leader:
+                await self.reconcile_all()
+            self.metrics.iteration.set(self.clock())
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the loop survives anything one pass throws
+            self.metrics.errors.labels("loop").inc()
+            log.exception("autoscaler pass failed; retrying in %.0fs", self.tick_seconds)
+
+    async def _finish_or_abandon(self, one_pass: asyncio.Task) -> None:
+        done, _ = await asyncio.wait({one_pass}, timeout=self.drain_seconds)
+        if not done:
+            log.warning("stopping: abandoning the pass in flight after %.1fs", self.drain_seconds)
+            one_pass.cancel()
+            await asyncio.gather(one_pass, return_exceptions=True)
+
+    async def _release_lease(self) -> None:
+        try:
+            await asyncio.wait_for(self.elector.release(), self.release_seconds)
+        except (TimeoutError, OSError, ApiException, aiohttp.ClientError) as exc:
+            # The Lease then expires by itself after its duration; a successor waits that long at worst.
+            log.warning(
+                "could not release the leader Lease (%s); it expires by itself", exc or type(exc).__name__
+            )
 
     async def reconcile_all(self) -> None:
         listing = await self.custom.list_cluster_custom_object(labels.GROUP, labels.VERSION, PLURAL)
@@ -765,6 +802,7 @@ async def run_autoscaler(
     identity: str | None = None,
     metrics: AutoscalerMetrics | None = None,
     started: asyncio.Future | None = None,
+    drain_seconds: float = DRAIN_SECONDS,
 ) -> None:
     """Run the autoscaler until ``stop`` is set. ``started`` (if given) receives the metrics port."""
     api_client = await _api_client(kubeconfig)
@@ -786,6 +824,7 @@ async def run_autoscaler(
             selector=selector,
             metrics=metrics,
             identity=identity,
+            drain_seconds=drain_seconds,
         )
         await controller.run(stop)
     finally:
