@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import aiohttp
 from tokenyard.core.process import stop_process
+from tokenyard.core.tokenizer import Tokenizer
 from tokenyard.sim.engine import Engine, Request, SamplingParams
 from tokenyard.sim.model import Deployment, gpu_preset, model_preset
-from tokenyard.sim.tokenizer import Tokenizer
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 DRIFT_LIMIT = 0.05

@@ -33,6 +33,20 @@ class ReplicaSnapshot:
 
 
 @dataclass
+class RequestState:
+    """What one stage of a decision tells the next, and the caller: one typed field per fact, so that a
+    plug-in that reads a fact names the one that wrote it."""
+
+    # The revision the canary split chose for this request (set by the caller; RevisionFilter keeps it).
+    # None: no constraint.
+    revision: str | None = None
+    # NotSaturatedFilter left no candidate: every replica is full (the client is told to retry later).
+    saturated: bool = False
+    # Replicas PrefixCacheScorer gave no prefix credit because of the hot-spot guard.
+    hotspot_guarded: list[str] = field(default_factory=list)
+
+
+@dataclass
 class RoutingRequest:
     """One request as the decision sees it. ``prefix_match_tokens`` maps replica name to the prompt tokens
     that replica most likely still caches (looked up in the prefix index by the caller)."""
@@ -41,8 +55,7 @@ class RoutingRequest:
     prompt_tokens: int
     expected_output_tokens: int
     prefix_match_tokens: Mapping[str, int] = field(default_factory=dict)
-    # Per-request scratch space: what one stage computes for the next.
-    state: dict[str, Any] = field(default_factory=dict)
+    state: RequestState = field(default_factory=RequestState)
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,10 @@ class Filter(Plugin):
     def apply(self, request: RoutingRequest, candidates: list[ReplicaSnapshot]) -> list[ReplicaSnapshot]:
         return [replica for replica in candidates if self.keep(request, replica)]
 
+    def none_left(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> str:
+        """Why no replica is left, once this filter removed all of ``candidates`` (the decision's reason)."""
+        return f"no replica left after filter {self.name!r}"
+
 
 class HealthyFilter(Filter, name="healthy"):
     def keep(self, request: RoutingRequest, replica: ReplicaSnapshot) -> bool:
@@ -122,24 +139,28 @@ class SaturationLimits:
 
 
 class NotSaturatedFilter(Filter, name="notSaturated"):
+    """Drops saturated replicas; when none is left, marks the request ``saturated`` (a 429 with Retry-After,
+    not a 503: the replicas are there, only full). Runs last, so that saturation is judged among the replicas
+    the request may go to."""
+
     def __init__(self, limits: SaturationLimits | None = None) -> None:
         self.limits = limits or SaturationLimits()
 
     def keep(self, request: RoutingRequest, replica: ReplicaSnapshot) -> bool:
-        return not is_saturated(replica, self.limits)
+        if replica.outstanding_requests >= self.limits.max_outstanding_requests:
+            return False
+        return replica.queue_waiting is None or replica.queue_waiting < self.limits.max_queue_waiting
 
-
-def is_saturated(replica: ReplicaSnapshot, limits: SaturationLimits) -> bool:
-    if replica.outstanding_requests >= limits.max_outstanding_requests:
-        return True
-    return replica.queue_waiting is not None and replica.queue_waiting >= limits.max_queue_waiting
+    def none_left(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> str:
+        request.state.saturated = True
+        return f"all {len(candidates)} replicas are saturated"
 
 
 class RevisionFilter(Filter, name="revision"):
-    """Keeps the revision the canary split chose for this request (``request.state['revision']``)."""
+    """Keeps the revision the canary split chose for this request (``request.state.revision``)."""
 
     def keep(self, request: RoutingRequest, replica: ReplicaSnapshot) -> bool:
-        wanted = request.state.get("revision")
+        wanted = request.state.revision
         return wanted is None or replica.revision == wanted
 
 
@@ -255,7 +276,7 @@ class PrefixCacheScorer(Scorer, name="prefixCache"):
             [replica.outstanding_tokens for replica in candidates],
             [replica.outstanding_requests for replica in candidates],
         )
-        request.state["hotspot_guarded"] = [
+        request.state.hotspot_guarded = [
             replica.name for replica, ok in zip(candidates, eligible, strict=True) if not ok
         ]
         return [
@@ -309,7 +330,7 @@ def pick_max(scores: Sequence[tuple[str, float]], rng: random.Random) -> str | N
     return tied[0] if len(tied) == 1 else rng.choice(tied)
 
 
-DEFAULT_FILTERS = ("healthy", "notEjected", "revision")
+DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated")
 # Scorer weights when a ModelDeployment gives none (spec.routing.weights uses the same keys).
 # kvCache and queue read the engines' /metrics, which lag by up to a scrape interval; a router that sees all
 # the traffic (alone, or sharing through Redis) knows its outstanding tokens exactly and now, and in
@@ -335,7 +356,6 @@ DEFAULT_WEIGHTS: dict[str, float] = {
 class Pipeline:
     filters: list[Filter]
     scorers: list[tuple[Scorer, float]]
-    saturation: SaturationLimits = field(default_factory=SaturationLimits)
 
     @classmethod
     def from_config(
@@ -354,25 +374,19 @@ class Pipeline:
                 continue
             options: dict[str, Any] = {"guard": guard} if name == "prefixCache" and guard else {}
             scorers.append((Scorer.build(name, **options), float(weight)))  # type: ignore[arg-type]
-        return cls(
-            filters=[Filter.build(name) for name in filters],  # type: ignore[misc]
-            scorers=scorers,
-            saturation=saturation or SaturationLimits(),
-        )
+        filter_options: dict[str, dict[str, Any]] = {"notSaturated": {"limits": saturation}}
+        built = [Filter.build(name, **filter_options.get(name, {})) for name in filters]
+        return cls(filters=built, scorers=scorers)  # type: ignore[arg-type]
 
     def decide(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot], rng: random.Random
     ) -> Decision:
         candidates = list(replicas)
         for plugin in self.filters:
-            candidates = plugin.apply(request, candidates)
-            if not candidates:
-                return Decision(None, {}, {}, f"no replica left after filter {plugin.name!r}")
-        unsaturated = [replica for replica in candidates if not is_saturated(replica, self.saturation)]
-        if not unsaturated:
-            request.state["saturated"] = True
-            return Decision(None, {}, {}, f"all {len(candidates)} replicas are saturated")
-        candidates = unsaturated
+            kept = plugin.apply(request, candidates)
+            if not kept:
+                return Decision(None, {}, {}, plugin.none_left(request, candidates))
+            candidates = kept
         totals = dict.fromkeys((replica.name for replica in candidates), 0.0)
         breakdown: dict[str, dict[str, float]] = {}
         for scorer, weight in self.scorers:

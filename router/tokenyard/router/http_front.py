@@ -3,24 +3,20 @@ chunk, /v1/models, /health; errors as OpenAI-style JSON bodies."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import aiohttp
 from aiohttp import web
-from tokenyard.router.proxy import Forwarder, UpstreamCall, upstream_headers
-from tokenyard.router.shadowpair import is_greedy
-from tokenyard.router.state import RouterState, RoutingError, max_tokens_of, prompt_of
+from tokenyard.router.exchange import UPSTREAM_BROKEN, Exchange, StreamBroken
+from tokenyard.router.openai_wire import InvalidRequest, parse_request, upstream_headers
+from tokenyard.router.proxy import Forwarder
+from tokenyard.router.state import RouterState, RoutingError
 
 log = logging.getLogger("tokenyard.router")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-CLIENT_GONE = 499  # nginx's code for "client closed request"
-UPSTREAM_BROKEN = 502
 
 
 def error_response(status: int, message: str, kind: str | None = None, headers: dict[str, str] | None = None):
@@ -46,9 +42,6 @@ class HttpFront:
         self.forwarder = forwarder
         self.max_body_bytes = max_body_bytes
         self.is_draining = is_draining
-        self.in_flight = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
 
     def app(self) -> web.Application:
         # client_max_size is enforced by hand below (a JSON 413 instead of aiohttp's text one)
@@ -78,7 +71,7 @@ class HttpFront:
         ]
         return web.json_response({"object": "list", "data": data})
 
-    async def _read_json(self, request: web.Request) -> tuple[bytes, dict[str, Any]] | web.Response:
+    async def _read_body(self, request: web.Request) -> bytes | web.Response:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             return error_response(
                 413, f"request body is {request.content_length} bytes; the limit is {self.max_body_bytes}"
@@ -95,13 +88,7 @@ class HttpFront:
             return error_response(400, f"could not read the request body: {error}")
         if len(raw) > self.max_body_bytes:
             return error_response(413, f"request body exceeds the limit of {self.max_body_bytes} bytes")
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            return error_response(400, f"request body is not valid JSON: {error}")
-        if not isinstance(body, dict):
-            return error_response(400, "request body must be a JSON object")
-        return raw, body
+        return raw
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         started = self.forwarder.clock()
@@ -109,79 +96,61 @@ class HttpFront:
             return error_response(
                 503, "router is draining; retry on another router replica", headers={"Retry-After": "1"}
             )
-        parsed = await self._read_json(request)
-        if isinstance(parsed, web.Response):
-            return parsed
-        raw, body = parsed
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            return error_response(400, "'model' is required and must be a string")
+        raw = await self._read_body(request)
+        if isinstance(raw, web.Response):
+            return raw
         try:
-            prompt = prompt_of(body)
-        except ValueError as error:
-            return error_response(400, str(error))
-        max_tokens = max_tokens_of(body, self.state.settings.default_max_tokens)
-        headers = upstream_headers(request.headers)
-        self.in_flight += 1
-        self.idle.clear()
-        self.forwarder.metrics.in_flight.inc()
-        try:
-            try:
-                call = await self.forwarder.open(
-                    model, request.path, raw, prompt, max_tokens, headers, started
-                )
-            except RoutingError as error:
-                self.forwarder.count_rejected(model, error)
-                retry = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s else None
-                return error_response(error.status, error.message, headers=retry)
-            self.forwarder.maybe_shadow(call, request.path, raw, prompt, max_tokens, is_greedy(body))
-            return await self._relay(request, call)
-        finally:
-            self.in_flight -= 1
-            self.forwarder.metrics.in_flight.dec()
-            if self.in_flight == 0:
-                self.idle.set()
-
-    async def _relay(self, request: web.Request, call: UpstreamCall) -> web.StreamResponse:
-        upstream = call.response
-        code: int = upstream.status
-        try:
-            content_type = upstream.headers.get("Content-Type", "application/json")
-            if not content_type.startswith("text/event-stream"):
-                payload = await upstream.read()
-                self.forwarder.on_chunk(call, payload, final=True)  # the ticket closes in finish()
-                return web.Response(
-                    body=payload,
-                    status=upstream.status,
-                    content_type=None,
-                    headers={"Content-Type": content_type, **self._route_headers(call)},
-                )
-            response = web.StreamResponse(
-                status=upstream.status,
-                headers={
-                    "Content-Type": content_type,
-                    "Cache-Control": "no-cache",
-                    **self._route_headers(call),
-                },
+            inference = parse_request(
+                request.path,
+                raw,
+                self.state.settings.default_max_tokens,
+                upstream_headers(request.headers),
             )
-            await response.prepare(request)
+        except InvalidRequest as error:
+            return error_response(400, str(error))
+        try:
+            async with self.forwarder.exchange(inference, started) as exchange:
+                return await self._relay(request, exchange)
+        except RoutingError as error:
+            retry = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s else None
+            return error_response(error.status, error.message, headers=retry)
+
+    async def _relay(self, request: web.Request, exchange: Exchange) -> web.StreamResponse:
+        upstream = exchange.response
+        assert upstream is not None
+        content_type = upstream.headers.get("Content-Type", "application/json")
+        if not exchange.streams:
             try:
-                async for chunk in upstream.content.iter_any():
-                    self.forwarder.on_chunk(call, chunk)
-                    await response.write(chunk)
-            except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as error:
-                code = UPSTREAM_BROKEN
-                log.warning("stream from replica %s broke: %r", call.route.endpoint.name, error)
-                self.state.record_failure(call.route.endpoint.name, self.forwarder.clock())
-                return response
-            await response.write_eof()
-            return response
-        except (ConnectionResetError, asyncio.CancelledError):
-            code = CLIENT_GONE  # the client went away: finishing closes the upstream request too
-            raise
-        finally:
-            self.forwarder.finish(call, code)
+                payload = await exchange.read()
+            except StreamBroken as error:
+                return error_response(UPSTREAM_BROKEN, str(error))
+            return web.Response(
+                body=payload,
+                status=upstream.status,
+                content_type=None,
+                headers={"Content-Type": content_type, **self._route_headers(exchange)},
+            )
+        response = web.StreamResponse(
+            status=upstream.status,
+            headers={
+                "Content-Type": content_type,
+                "Cache-Control": "no-cache",
+                **self._route_headers(exchange),
+            },
+        )
+        await response.prepare(request)
+        try:
+            async for chunk, _ in exchange.stream():
+                await response.write(chunk)
+        except StreamBroken:
+            return response  # the status line is sent: the client sees the stream end early
+        await response.write_eof()
+        return response
 
     @staticmethod
-    def _route_headers(call: UpstreamCall) -> dict[str, str]:
-        return {"x-tokenyard-replica": call.route.endpoint.name, "x-tokenyard-revision": call.route.revision}
+    def _route_headers(exchange: Exchange) -> dict[str, str]:
+        assert exchange.route is not None
+        return {
+            "x-tokenyard-replica": exchange.route.endpoint.name,
+            "x-tokenyard-revision": exchange.route.revision,
+        }

@@ -123,7 +123,7 @@ class RouterServer:
         await self._serve(metrics_app, options.metrics_port, "metrics")
         if options.grpc_port is not None:
             self._grpc, self.ports["grpc"], self._grpc_health = await start_grpc(
-                self.forwarder, options.host, options.grpc_port
+                self.forwarder, options.host, options.grpc_port, lambda: self.draining
             )
         log.info(
             "router listening: http=%s grpc=%s metrics=%s; models: %s",
@@ -134,28 +134,36 @@ class RouterServer:
         )
 
     async def drain_and_stop(self) -> None:
-        """Stop taking new work, let in-flight requests finish up to the drain timeout, then stop."""
+        """Stop taking new work (both fronts answer "draining"), let the requests in flight through either
+        front finish up to the drain timeout, then stop."""
         self.draining = True
         if self._grpc_health is not None:
             self._grpc_health.enter_graceful_shutdown()
-        if self.front is not None and self.front.in_flight:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.drain_timeout_s
+        if self.forwarder is not None and self.forwarder.in_flight:
             log.info(
                 "draining %d in-flight requests (up to %.0fs)",
-                self.front.in_flight,
+                self.forwarder.in_flight,
                 self.options.drain_timeout_s,
             )
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.front.idle.wait(), self.options.drain_timeout_s)
-        await self.stop()
+                await asyncio.wait_for(self.forwarder.idle.wait(), self.options.drain_timeout_s)
+        # What is left of the drain timeout is the gRPC server's grace: a stream still running gets it too.
+        await self.stop(grpc_grace_s=max(0.0, deadline - loop.time()))
 
-    async def stop(self) -> None:
-        if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
-        for runner in self._runners:
+    async def stop(self, grpc_grace_s: float = 1.0) -> None:
+        """Stops everything; safe to call again (a drained server is stopped once more by its owner)."""
+        grpc_server, self._grpc = self._grpc, None
+        if grpc_server is not None:
+            await grpc_server.stop(grace=grpc_grace_s)
+        runners, self._runners = self._runners, []
+        for runner in runners:
             await runner.cleanup()
-        for task in self._tasks:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.forwarder is not None:
             await self.forwarder.close()
         if self.shared is not None:

@@ -2,16 +2,13 @@
 
 Pure: no clocks, no I/O. Either side may end first; whichever ends last completes the pair (the client's stream
 never waits for the shadow). For greedy requests (temperature 0) where both sides succeeded, the full output
-texts are compared: a revision that answers the same prompts differently under greedy decoding changed the
-model's behaviour, not only its speed.
+texts (``openai_wire.OutputText``) are compared: a revision that answers the same prompts differently under
+greedy decoding changed the model's behaviour, not only its speed.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 PRIMARY, SHADOW = "primary", "shadow"
 OUTCOMES = ("both_ok", "shadow_only_error", "primary_only_error", "both_error")
@@ -25,68 +22,6 @@ def pair_outcome(primary_ok: bool, shadow_ok: bool) -> str:
     if shadow_ok:
         return "primary_only_error"
     return "both_error"
-
-
-def is_greedy(body: Mapping[str, Any]) -> bool:
-    """Temperature 0 given explicitly (OpenAI's default is 1, so an absent temperature samples)."""
-    temperature = body.get("temperature")
-    return isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature == 0
-
-
-def _choice_texts(event: Mapping[str, Any]) -> list[tuple[int, str]]:
-    texts = []
-    for position, choice in enumerate(event.get("choices") or ()):
-        if not isinstance(choice, Mapping):
-            continue
-        message = choice.get("delta") or choice.get("message") or {}
-        text = choice.get("text")
-        if not isinstance(text, str):
-            text = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(text, str) and text:
-            index = choice.get("index", position)
-            texts.append((index if isinstance(index, int) else position, text))
-    return texts
-
-
-class OutputText:
-    """The generated text of an OpenAI response, fed as it streams (server-sent events split at arbitrary
-    points) or whole (a non-streamed JSON body). Choices are kept apart by index and joined in index order."""
-
-    def __init__(self) -> None:
-        self._pending = b""
-        self._parts: dict[int, list[str]] = {}
-
-    def _add(self, event: Mapping[str, Any]) -> None:
-        for index, text in _choice_texts(event):
-            self._parts.setdefault(index, []).append(text)
-
-    def feed_stream(self, chunk: bytes) -> None:
-        lines = (self._pending + chunk).split(b"\n")
-        self._pending = lines.pop()  # an unfinished line waits for the next chunk
-        for line in lines:
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                continue
-            try:
-                event = json.loads(data)
-            except ValueError:
-                continue
-            if isinstance(event, Mapping):
-                self._add(event)
-
-    def feed_body(self, body: bytes) -> None:
-        try:
-            event = json.loads(body)
-        except ValueError:
-            return
-        if isinstance(event, Mapping):
-            self._add(event)
-
-    def text(self) -> str:
-        return "\x1e".join("".join(self._parts[index]) for index in sorted(self._parts))
 
 
 @dataclass(frozen=True)

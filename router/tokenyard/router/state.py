@@ -1,4 +1,4 @@
-"""The router's state and the one call the fronts make: ``RouterState.route``.
+"""The router's state and the one call every routed request makes: ``RouterState.route``.
 
 It joins the discovery view, the load ledger (local, plus peers' loads when Redis shares them), the engines'
 scraped stats and the prefix index into replica snapshots, runs the pipeline, and records the decision (a
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from tokenyard.router.accounting import EjectionPolicy, FailureTracker, LoadLedger, ReplicaLoad, Ticket
 from tokenyard.router.core import (
@@ -98,43 +97,6 @@ class Route:
     @property
     def revision(self) -> str:
         return self.endpoint.revision
-
-
-def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
-    """A stable text rendering of chat messages, so a conversation that grows turn by turn keeps its earlier
-    turns as an exact prefix (what the engine's chat template does too)."""
-    parts = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):  # OpenAI content parts
-            content = "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
-        parts.append(f"<|{message.get('role', '')}|>\n{content or ''}\n")
-    return "".join(parts)
-
-
-def prompt_of(body: Mapping[str, Any]) -> str:
-    """The prompt text of an OpenAI completions or chat completions body (raises ValueError if absent)."""
-    if "messages" in body:
-        messages = body["messages"]
-        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
-            raise ValueError("'messages' must be a list of objects")
-        return render_chat(messages)
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return "".join(prompt)
-    if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
-        return " ".join(map(str, prompt))  # token ids: hash them as text, chained like any other prompt
-    raise ValueError("'prompt' must be a string, a list of strings or a list of token ids")
-
-
-def max_tokens_of(body: Mapping[str, Any], default: int) -> int:
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = body.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
-    return default
 
 
 class RouterState:
@@ -274,7 +236,7 @@ class RouterState:
             available = {s.revision for s in snapshots if s.healthy and not s.ejected}
             revision = choose_revision(view.traffic, available, self.rng.random())
             if revision is not None:
-                request.state["revision"] = revision
+                request.state.revision = revision
 
         blocks_by_size: dict[int, PromptBlocks] = {}
         matches: dict[str, int] = {}
@@ -292,7 +254,7 @@ class RouterState:
 
         decision = self.pipeline_for(view).decide(request, snapshots, self.rng)
         if decision.replica is None:
-            if request.state.get("saturated"):
+            if request.state.saturated:
                 raise RoutingError(
                     429,
                     f"every replica of model {model!r} is saturated; retry later",

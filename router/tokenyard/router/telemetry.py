@@ -83,9 +83,8 @@ class RouterMetrics:
         )
         self.inter_token = Histogram(
             "tokenyard_router_inter_token_latency_seconds",
-            "Gaps between successive chunks carrying generated text, as the router relays a client's stream "
-            "(HTTP: per network read, several events read together are one chunk; gRPC: per event, so events "
-            "read together give gaps near 0). Both revisions of a canary see the same mix of fronts.",
+            "Gaps between successive network reads carrying generated text, as the router relays a client's "
+            "stream (several events read together are one read), the same for the HTTP and gRPC fronts.",
             ["namespace", "model", "revision"],
             buckets=INTER_TOKEN_BUCKETS_S,
             registry=r,

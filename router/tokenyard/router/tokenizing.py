@@ -1,9 +1,9 @@
 """Tokenizers for prefix hashing: from the router's --tokenizer flag or a ModelDeployment's spec.routing.tokenizer.
 
-A spec is ``sim`` or ``sim:VOCAB`` (tokenyard.sim's tokenizer, which needs no files), or the path of a
-``tokenizer.json`` (needs the optional ``tokenizers`` package). Anything else, such as a Hugging Face hub id,
-would need a download, which the router never does: such a model is hashed by character blocks and the router
-says so once in its log.
+A spec is ``sim`` or ``sim:VOCAB`` (the simulated engines' tokenizer, ``tokenyard.core.tokenizer``, which needs
+no files), or the path of a ``tokenizer.json`` (needs the optional ``tokenizers`` package). Anything else, such
+as a Hugging Face hub id, would need a download, which the router never does: such a model is hashed by
+character blocks and the router says so once in its log.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
 
 def _load_encode(spec: str) -> Callable[[str], Sequence[int]]:
     if spec == "sim" or spec.startswith("sim:"):
-        from tokenyard.sim.tokenizer import Tokenizer as SimTokenizer
+        from tokenyard.core.tokenizer import Tokenizer as SimTokenizer
 
         _, _, vocab = spec.partition(":")
         try:

@@ -13,6 +13,7 @@ from tokenyard.router.core import (
     PrefixCacheScorer,
     QueueScorer,
     ReplicaSnapshot,
+    RequestState,
     RoutingRequest,
     SaturationLimits,
     Scorer,
@@ -27,7 +28,7 @@ def snap(name, **kw):
 
 
 def request(prompt_tokens=100, matches=None, **state):
-    return RoutingRequest("m", prompt_tokens, 10, matches or {}, dict(state))
+    return RoutingRequest("m", prompt_tokens, 10, matches or {}, RequestState(**state))
 
 
 def test_normalise_min_max_all_equal_and_unknown():
@@ -67,7 +68,7 @@ def test_hot_spot_guard_removes_prefix_credit_from_an_overloaded_replica():
     candidates = [snap("hot", outstanding_tokens=5000), snap("idle", outstanding_tokens=0)]
     req = request(1000, {"hot": 1000})
     assert PrefixCacheScorer(guard).score(req, candidates) == [1.0, 1.0]  # no credit: all equal
-    assert req.state["hotspot_guarded"] == ["hot"]
+    assert req.state.hotspot_guarded == ["hot"]
     # cheap cached requests piling up: few tokens owed, but too many requests in flight
     crowded = [
         snap("hot", outstanding_tokens=300, outstanding_requests=9),
@@ -123,7 +124,7 @@ def test_pipeline_reports_saturation():
     pipeline = Pipeline.from_config(saturation=SaturationLimits(max_outstanding_requests=2))
     req = request()
     decision = pipeline.decide(req, [snap("a", outstanding_requests=2)], random.Random(0))
-    assert decision.replica is None and req.state["saturated"]
+    assert decision.replica is None and req.state.saturated
 
 
 def test_pipeline_prefers_the_cached_replica_when_load_is_close():
@@ -187,7 +188,7 @@ def test_hot_prefix_never_piles_load_beyond_the_guard(n_replicas, prompts, ratio
 
 
 def test_first_token_detection_skips_empty_role_chunks():
-    from tokenyard.router.proxy import carries_token
+    from tokenyard.router.openai_wire import carries_token
 
     assert not carries_token(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n')
     assert carries_token(b'data: {"choices":[{"delta":{"content":" hi"}}]}\n\n')

@@ -3,7 +3,8 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenyard.router.shadowpair import PRIMARY, SHADOW, OutputText, ShadowPair, is_greedy, pair_outcome
+from tokenyard.router.openai_wire import OutputText, is_greedy
+from tokenyard.router.shadowpair import PRIMARY, SHADOW, ShadowPair, pair_outcome
 
 
 def sse(events) -> bytes:

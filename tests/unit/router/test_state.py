@@ -4,7 +4,8 @@ import pytest
 from tokenyard.router.__main__ import build_parser, options_from_args, parse_weights
 from tokenyard.router.discovery import ConfigError, Endpoint, ModelView, Shadow
 from tokenyard.router.enginestats import EngineStats, parse_engine_metrics
-from tokenyard.router.state import RouterState, RoutingError, prompt_of, render_chat, routing_block_size
+from tokenyard.router.openai_wire import prompt_of, render_chat
+from tokenyard.router.state import RouterState, RoutingError, routing_block_size
 
 PROMPT = "shared system prompt " * 100
 

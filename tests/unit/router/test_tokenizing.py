@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenyard.core.tokenizer import Tokenizer as SimTokenizer
 from tokenyard.router.tokenizing import SegmentCachingTokenizer, load_tokenizer, segment_cuts
-from tokenyard.sim.tokenizer import Tokenizer as SimTokenizer
 
 WORDS = ["alpha", "beta", "gamma", "invoice", "supercalifragilistic", "x", "42", ",", ".", "?"]
 SPACES = [" ", "  ", "\n", "\t", " \n "]

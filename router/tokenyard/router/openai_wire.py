@@ -1,0 +1,287 @@
+"""The OpenAI wire format, read once: a client's request parsed into an ``InferenceRequest``, and an engine's
+answer decoded by one ``StreamDecoder`` (server-sent events split at arbitrary points) or ``decode_body`` (a
+whole JSON answer).
+
+Both fronts build an ``InferenceRequest`` (the gRPC front from a ``GenerateRequest`` it renders as the OpenAI
+body it forwards); the exchange, the shadow comparison and the gRPC front read the engine's answer through the
+same ``ResponseEvent``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+DONE = b"[DONE]"
+# Headers that belong to one connection, not to the request: never forwarded upstream.
+HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding"}
+
+
+class InvalidRequest(ValueError):
+    """The client's request cannot be served as given (HTTP 400); the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """One client request as the router sees it, parsed once at the front.
+
+    ``body`` is forwarded upstream byte for byte; ``prompt`` is the text the prefix index hashes (chat
+    ``messages`` rendered by ``render_chat``, so that a growing conversation keeps its earlier turns as a
+    prefix)."""
+
+    model: str
+    path: str  # the engine's path: COMPLETIONS_PATH or CHAT_COMPLETIONS_PATH
+    body: bytes
+    prompt: str
+    expected_output_tokens: int
+    stream: bool = False
+    messages: tuple[Mapping[str, Any], ...] | None = None  # chat requests only
+    greedy: bool = False  # temperature 0: a shadow copy's output is compared with the primary's
+    # Seconds the client still waits when the request arrives (a gRPC deadline); None: no deadline. The
+    # upstream request is bounded by it, so an engine never generates for a client that gave up.
+    deadline_s: float | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)  # forwarded upstream
+
+
+def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A stable text rendering of chat messages, so a conversation that grows turn by turn keeps its earlier
+    turns as an exact prefix (what the engine's chat template does too)."""
+    parts = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):  # OpenAI content parts
+            content = "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+        parts.append(f"<|{message.get('role', '')}|>\n{content or ''}\n")
+    return "".join(parts)
+
+
+def prompt_of(body: Mapping[str, Any]) -> str:
+    """The prompt text of an OpenAI completions or chat completions body (raises ValueError if absent)."""
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+            raise InvalidRequest("'messages' must be a list of objects")
+        return render_chat(messages)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return "".join(prompt)
+    if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
+        return " ".join(map(str, prompt))  # token ids: hash them as text, chained like any other prompt
+    raise InvalidRequest("'prompt' must be a string, a list of strings or a list of token ids")
+
+
+def max_tokens_of(body: Mapping[str, Any], default: int) -> int:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return default
+
+
+def is_greedy(body: Mapping[str, Any]) -> bool:
+    """Temperature 0 given explicitly (OpenAI's default is 1, so an absent temperature samples)."""
+    temperature = body.get("temperature")
+    return isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature == 0
+
+
+def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS}
+
+
+def request_from_body(
+    path: str,
+    body: Mapping[str, Any],
+    raw: bytes,
+    default_max_tokens: int,
+    headers: Mapping[str, str] | None = None,
+    deadline_s: float | None = None,
+) -> InferenceRequest:
+    """The ``InferenceRequest`` of an OpenAI body (``raw`` is its encoding, forwarded as is); raises
+    InvalidRequest."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a string")
+    prompt = prompt_of(body)
+    messages = body.get("messages")
+    return InferenceRequest(
+        model=model,
+        path=path,
+        body=raw,
+        prompt=prompt,
+        expected_output_tokens=max_tokens_of(body, default_max_tokens),
+        stream=body.get("stream") is True,
+        messages=tuple(messages) if isinstance(messages, list) else None,
+        greedy=is_greedy(body),
+        deadline_s=deadline_s,
+        headers=dict(headers or {}),
+    )
+
+
+def parse_request(
+    path: str, raw: bytes, default_max_tokens: int, headers: Mapping[str, str] | None = None
+) -> InferenceRequest:
+    """The ``InferenceRequest`` of an OpenAI request body as the HTTP front received it; raises
+    InvalidRequest."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InvalidRequest(f"request body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return request_from_body(path, body, raw, default_max_tokens, headers)
+
+
+# --- the engine's answer ----------------------------------------------------------------------------------
+
+
+class StreamDecodeError(ValueError):
+    """An event of the engine's answer is not a JSON object."""
+
+
+_TEXT_KEYS = (b'"text":', b'"content":')
+
+
+def carries_token(data: bytes) -> bool:
+    """Whether an event (or a chunk) of an OpenAI stream carries generated text (a non-empty "text" or
+    "content" string), read from its bytes without decoding the JSON: the relay asks this of every event, and
+    decoding each one would cost the router CPU its engines then lack.
+
+    The first such event ends the prefill: a chat stream may open with an empty role-only delta before it
+    (tokenyard.sim sends it at once; vLLM with the first token), and that is not a token."""
+    for key in _TEXT_KEYS:
+        start = data.find(key)
+        while start >= 0:
+            rest = data[start + len(key) : start + len(key) + 3].lstrip(b" ")
+            if rest[:1] == b'"' and rest[1:2] not in (b'"', b""):
+                return True
+            start = data.find(key, start + 1)
+    return False
+
+
+class ResponseEvent:
+    """One ``data:`` event of an OpenAI stream, or a whole non-streamed answer. The JSON is decoded on first
+    use only (see ``carries_token``)."""
+
+    __slots__ = ("data", "_payload")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._payload: Mapping[str, Any] | None = None
+
+    @property
+    def done(self) -> bool:
+        """The stream's closing ``data: [DONE]``."""
+        return self.data == DONE
+
+    @property
+    def carries_token(self) -> bool:
+        return carries_token(self.data)
+
+    @property
+    def payload(self) -> Mapping[str, Any]:
+        """The decoded event; raises StreamDecodeError when it is not a JSON object."""
+        if self._payload is None:
+            try:
+                payload = json.loads(self.data)
+            except ValueError as error:
+                raise StreamDecodeError(f"event is not JSON: {error}") from None
+            if not isinstance(payload, Mapping):
+                raise StreamDecodeError(f"event is a JSON {type(payload).__name__}, not an object")
+            self._payload = payload
+        return self._payload
+
+    def choice_texts(self) -> list[tuple[int, str]]:
+        """(choice index, generated text) of each choice that carries text: completions' ``text``, chat's
+        ``delta.content`` (streamed) or ``message.content`` (whole)."""
+        texts = []
+        for position, choice in enumerate(self.payload.get("choices") or ()):
+            if not isinstance(choice, Mapping):
+                continue
+            message = choice.get("delta") or choice.get("message") or {}
+            text = choice.get("text")
+            if not isinstance(text, str):
+                text = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(text, str) and text:
+                index = choice.get("index", position)
+                texts.append((index if isinstance(index, int) else position, text))
+        return texts
+
+    @property
+    def text(self) -> str:
+        return "".join(text for _, text in self.choice_texts())
+
+    @property
+    def finish_reason(self) -> str:
+        """The last choice's finish reason, '' while the choices are unfinished."""
+        reason = ""
+        for choice in self.payload.get("choices") or ():
+            if isinstance(choice, Mapping) and isinstance(choice.get("finish_reason"), str):
+                reason = choice["finish_reason"] or reason
+        return reason
+
+    @property
+    def usage(self) -> Mapping[str, Any] | None:
+        usage = self.payload.get("usage")
+        return usage if isinstance(usage, Mapping) and usage else None
+
+
+class StreamDecoder:
+    """Splits an OpenAI stream (server-sent events, cut at arbitrary points by the network) into its events.
+    OpenAI-compatible engines send each event as one ``data:`` line; comments and other fields are skipped."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> list[ResponseEvent]:
+        """The events ``chunk`` completes. Runs for every read the router relays, hence the plain loop."""
+        if self._pending:
+            chunk = self._pending + chunk
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            self._pending = chunk
+            return []
+        self._pending = chunk[end + 1 :]  # an unfinished line waits for the next chunk
+        return [ResponseEvent(line[5:].strip()) for line in chunk[:end].split(b"\n") if line[:5] == b"data:"]
+
+
+def decode_body(body: bytes) -> ResponseEvent:
+    """A non-streamed answer, read like one event that holds the whole output."""
+    return ResponseEvent(body)
+
+
+class OutputText:
+    """The generated text of an answer, fed event by event (``add``), as a raw stream (``feed_stream``) or
+    whole (``feed_body``). Choices are kept apart by index and joined in index order; events that do not
+    decode are skipped (what is compared is what was generated)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, list[str]] = {}
+        self._decoder: StreamDecoder | None = None
+
+    def feed_stream(self, chunk: bytes) -> None:
+        if self._decoder is None:
+            self._decoder = StreamDecoder()
+        for event in self._decoder.feed(chunk):
+            self.add(event)
+
+    def feed_body(self, body: bytes) -> None:
+        self.add(decode_body(body))
+
+    def add(self, event: ResponseEvent) -> None:
+        if event.done:
+            return
+        try:
+            texts = event.choice_texts()
+        except StreamDecodeError:
+            return
+        for index, text in texts:
+            self._parts.setdefault(index, []).append(text)
+
+    def text(self) -> str:
+        return "\x1e".join("".join(self._parts[index]) for index in sorted(self._parts))

@@ -1,0 +1,128 @@
+import json
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from tokenyard.router.core import (
+    NotSaturatedFilter,
+    Pipeline,
+    ReplicaSnapshot,
+    RoutingRequest,
+    SaturationLimits,
+)
+from tokenyard.router.grpc_front import inference_request
+from tokenyard.router.openai_wire import (
+    CHAT_COMPLETIONS_PATH,
+    COMPLETIONS_PATH,
+    InvalidRequest,
+    StreamDecodeError,
+    StreamDecoder,
+    decode_body,
+    parse_request,
+    render_chat,
+)
+from tokenyard.v1 import router_pb2
+
+
+def sse(events) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def test_a_request_is_parsed_once_into_its_typed_form():
+    raw = json.dumps(
+        {"model": "m", "prompt": "hi", "max_tokens": 7, "stream": True, "temperature": 0}
+    ).encode()
+    request = parse_request(COMPLETIONS_PATH, raw, 256, {"X-Request-Id": "r1"})
+    assert (request.model, request.prompt, request.expected_output_tokens) == ("m", "hi", 7)
+    assert request.stream and request.greedy and request.messages is None and request.deadline_s is None
+    assert request.body == raw and request.headers == {"X-Request-Id": "r1"}
+
+    messages = [{"role": "user", "content": "hello"}]
+    chat = parse_request(
+        CHAT_COMPLETIONS_PATH, json.dumps({"model": "m", "messages": messages}).encode(), 256
+    )
+    assert chat.prompt == render_chat(messages) and chat.messages == tuple(messages)
+    assert chat.expected_output_tokens == 256 and not chat.stream and not chat.greedy
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1]", "must be a JSON object"),
+        (b'{"prompt": "x"}', "'model' is required"),
+        (b'{"model": "m"}', "'prompt' must be"),
+        (b'{"model": "m", "messages": "hi"}', "'messages' must be a list"),
+    ],
+)
+def test_a_bad_request_says_what_is_wrong(raw, message):
+    with pytest.raises(InvalidRequest, match=message):
+        parse_request(COMPLETIONS_PATH, raw, 256)
+
+
+def test_a_grpc_generate_request_becomes_the_same_typed_request():
+    generate = router_pb2.GenerateRequest(
+        model="m",
+        chat=router_pb2.ChatMessages(messages=[router_pb2.ChatMessage(role="user", content="hi")]),
+        sampling=router_pb2.SamplingParams(max_tokens=5, temperature=0),
+    )
+    request = inference_request(generate, 256, "req-1", deadline_s=2.5)
+    assert request.path == CHAT_COMPLETIONS_PATH and request.prompt == render_chat(
+        [{"role": "user", "content": "hi"}]
+    )
+    assert (
+        request.stream
+        and request.greedy
+        and request.expected_output_tokens == 5
+        and request.deadline_s == 2.5
+    )
+    assert request.headers["X-Request-Id"] == "req-1"
+    assert json.loads(request.body)["stream_options"] == {"include_usage": True}
+
+
+@given(st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=12), st.data())
+def test_the_decoder_finds_the_same_events_however_the_stream_is_split(pieces, data):
+    events = [{"choices": [{"index": 0, "text": piece, "finish_reason": None}]} for piece in pieces]
+    events.append(
+        {"choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": {"completion_tokens": 3}}
+    )
+    stream = sse(events)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    decoder = StreamDecoder()
+    decoded = []
+    for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        decoded += decoder.feed(stream[start:end])
+    assert decoded[-1].done and not any(event.done for event in decoded[:-1])
+    assert "".join(event.text for event in decoded[:-1]) == "".join(pieces)
+    assert [event.carries_token for event in decoded[:-1]] == [True] * len(pieces) + [False]
+    assert decoded[-2].finish_reason == "length" and decoded[-2].usage == {"completion_tokens": 3}
+
+
+def test_an_event_that_is_no_json_object_fails_to_decode_and_a_whole_body_reads_like_one_event():
+    (event,) = StreamDecoder().feed(b"data: {broken\n\n")
+    with pytest.raises(StreamDecodeError):
+        _ = event.text
+    body = decode_body(
+        json.dumps({"choices": [{"message": {"content": "whole"}, "finish_reason": "stop"}]}).encode()
+    )
+    assert body.text == "whole" and body.finish_reason == "stop" and body.usage is None
+
+
+def snap(name, **kw):
+    return ReplicaSnapshot(name=name, url=f"http://{name}", **kw)
+
+
+def test_saturation_is_a_filter_of_the_pipeline():
+    limits = SaturationLimits(max_outstanding_requests=2)
+    pipeline = Pipeline.from_config(saturation=limits)
+    saturated = [f for f in pipeline.filters if isinstance(f, NotSaturatedFilter)]
+    assert len(saturated) == 1 and saturated[0].limits is limits and pipeline.filters[-1] is saturated[0]
+    request = RoutingRequest("m", 10, 10)
+    decision = pipeline.decide(request, [snap("full", outstanding_requests=2), snap("ok")], random.Random(0))
+    assert decision.replica.name == "ok" and not request.state.saturated
+    # a configuration without the filter routes to a full replica (the check is the plug-in, nowhere else)
+    unchecked = Pipeline.from_config(filters=("healthy",), saturation=limits)
+    assert unchecked.decide(
+        RoutingRequest("m", 10, 10), [snap("full", outstanding_requests=2)], random.Random(0)
+    ).ok
