@@ -41,7 +41,9 @@ log = logging.getLogger("tokenyard.sim.pods")
 DEFAULT_ENGINE_PORT = 8000
 DEFAULT_MODEL_PRESET = "llama-3.1-8b"
 POD_SELECTOR = f"{L.COMPONENT}={L.COMPONENT_ENGINE},{L.ROLE}={L.ROLE_LEADER}"
-STOP_DRAIN_S = 5.0  # the pod is gone: in-flight requests get a short grace, as on a real SIGTERM
+STOP_DRAIN_S = 5.0
+WATCH_SECONDS = 5  # short watches: the watch thread notices a stop only between events or at a watch's end
+REQUEST_TIMEOUT_S = 10.0  # no API call may hang the runner: a dead API server is retried, not waited on  # the pod is gone: in-flight requests get a short grace, as on a real SIGTERM
 
 
 class PodConfigError(ValueError):
@@ -209,7 +211,12 @@ class PodRunner:
         self._api = client.CoreV1Api()
         self._serializer = client.ApiClient()
         loop = asyncio.get_running_loop()
-        self._tasks.append(asyncio.create_task(asyncio.to_thread(self._watch_thread, loop), name="pod-watch"))
+        # A daemon thread, not asyncio.to_thread: a thread of the default executor is joined when the event loop
+        # shuts down, so a call hanging on a dead API server would keep the process from exiting on SIGTERM.
+        self._watcher = threading.Thread(
+            target=self._watch_thread, args=(loop,), name="pod-watch", daemon=True
+        )
+        self._watcher.start()
         self._tasks.append(asyncio.create_task(self._apply_events(), name="pod-apply"))
 
     async def stop(self) -> None:
@@ -226,11 +233,14 @@ class PodRunner:
         from kubernetes.client.exceptions import ApiException
 
         def push(kind: str, payload: Any) -> None:
-            loop.call_soon_threadsafe(self._events.put_nowait, (kind, payload))
+            if not self._stop.is_set():  # after a stop the loop may be closed
+                loop.call_soon_threadsafe(self._events.put_nowait, (kind, payload))
 
         while not self._stop.is_set():
             try:
-                listing = self._api.list_pod_for_all_namespaces(label_selector=POD_SELECTOR)
+                listing = self._api.list_pod_for_all_namespaces(
+                    label_selector=POD_SELECTOR, _request_timeout=REQUEST_TIMEOUT_S
+                )
                 push("SYNC", [self._serializer.sanitize_for_serialization(p) for p in listing.items])
                 w = watch.Watch()
                 for event in w.stream(
@@ -239,7 +249,9 @@ class PodRunner:
                     resource_version=listing.metadata.resource_version,
                     # Short watches: this thread can only notice a stop between events or at the end of a
                     # watch, and SIGTERM must stop the runner well inside a pod's 30 s grace period.
-                    timeout_seconds=5,
+                    timeout_seconds=WATCH_SECONDS,
+                    # and the client's own bound, for a server that stops answering mid-watch
+                    _request_timeout=(REQUEST_TIMEOUT_S, WATCH_SECONDS + REQUEST_TIMEOUT_S),
                 ):
                     if self._stop.is_set():
                         w.stop()
@@ -258,7 +270,7 @@ class PodRunner:
     def _node_labels(self, node_name: str) -> dict[str, str]:
         cached = self._nodes.get(node_name)
         if cached is None:
-            node = self._api.read_node(node_name)
+            node = self._api.read_node(node_name, _request_timeout=REQUEST_TIMEOUT_S)
             cached = dict(node.metadata.labels or {})
             self._nodes[node_name] = cached
         return cached
