@@ -11,7 +11,10 @@ Arrivals are Poisson, lifetimes exponential, and the offered load is LOAD × the
 
 Strategies, all fed the same stream:
 * tokenyard: `Planner.place` (best fit, protecting the capacity of the shapes in use; among equally
-  harmless nodes, the one already running the most pods, then the tightest).
+  harmless nodes, the one already running the most pods, then the tightest), given the shapes as the
+  operator gives them: a plain list of the shapes its deployments use, no shares.
+* tokenyard_told_mix (extra, an oracle, not a target): the same planner told the arrival mix's shares, the
+  very mix the stranded-GPU figure is then computed on.
 * first_fit: each group on the first nodes, in topology order, that can hold it under the same rules.
 * first_fit_unaligned (extra, not a target): the same first fit over a node order unrelated to the
   topology, as when nodes are listed by cloud-provider names. `first_fit` above walks the nodes in
@@ -110,6 +113,9 @@ def request_of(key: str, size: int) -> GroupRequest:
 
 
 SHAPE_MIX = {shape_of(size): share for size, share in SIZE_SHARES.items()}
+# What the operator really gives its planner (operator/handlers.py, `_create_groups`): the shapes of the groups
+# of every deployment it runs, as a plain list, without their shares of the arrivals (it cannot know those).
+SHIPPED_SHAPES = list(SHAPE_MIX)
 
 
 # --- the cluster ---------------------------------------------------------------------------------------
@@ -197,11 +203,17 @@ class Strategy:
 
 
 class Tokenyard(Strategy):
+    """The planner as the operator runs it (the shipped shape list), or, as a labelled extra row, told the true
+    arrival mix it is then scored on (`told_the_mix`: an oracle, not what a user gets)."""
+
     name = "tokenyard"
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, told_the_mix: bool = False) -> None:
         super().__init__(topology)
-        self.planner = Planner(topology.nodes(self.free), shapes_in_use=SHAPE_MIX)
+        if told_the_mix:
+            self.name = "tokenyard_told_mix"
+        shapes = SHAPE_MIX if told_the_mix else SHIPPED_SHAPES
+        self.planner = Planner(topology.nodes(self.free), shapes_in_use=shapes)
         self.index_of = {topology.node_name(i): i for i in range(NODE_COUNT)}
         self.assignments: dict[str, Assignment] = {}
 
@@ -424,7 +436,7 @@ def index_build_ms(topology: Topology) -> float:
     timings = []
     for _ in range(5):
         started = time.perf_counter()
-        Planner(nodes, shapes_in_use=SHAPE_MIX)
+        Planner(nodes, shapes_in_use=SHIPPED_SHAPES)
         timings.append((time.perf_counter() - started) * 1000)
     return min(timings)
 
@@ -440,6 +452,7 @@ def main() -> None:
     )
     strategies: list[Strategy] = [
         Tokenyard(topology),
+        Tokenyard(topology, told_the_mix=True),
         FirstFit(topology),
         FirstFit(
             topology, random.Random(SEED + 2).sample(range(NODE_COUNT), NODE_COUNT), "first_fit_unaligned"
