@@ -1,20 +1,23 @@
 """The Kopf adapter: watches, indexes, one reconcile loop per ModelDeployment, and the API writes.
 
 Level-based: each ModelDeployment has a daemon that re-derives the truth from Kopf's in-memory indexes of
-engine pods, of GPU use per node and of nodes, decides with the pure cores (`groups.decide`,
-`placement.plan`), applies the result, writes status, and sleeps until a pod of the deployment changes or the
-resync interval passes. Everything it needs is in the cluster, so a restarted operator (even after kill -9
+engine pods, of GPU use per node and of nodes (`node_view`, with the `ledger` of GPUs promised to pods not
+seen yet), takes one typed `snapshot` of the ModelDeployment, decides with the pure cores (`groups.decide`,
+`placement.plan`, the rollout state machine through `canary_plan`), applies the result, writes the status
+that `status.compute_status` computes, and sleeps until a pod of the deployment changes or the resync
+interval passes. Everything it needs is in the cluster, so a restarted operator (even after kill -9
 mid-update) converges from what it finds: pods carry their group, rank, revision and planned node.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -26,6 +29,7 @@ from tokenyard.core import labels as keys
 from tokenyard.core.types import ModelDeploymentSpec, RolloutStrategy
 from tokenyard.operator import metrics
 from tokenyard.operator.canary import PrometheusAnalysis, commands_from, state_from_status, strategy_from_spec
+from tokenyard.operator.canary_plan import NO_CANARY_STATUS, CanaryPlan, canary_plan
 from tokenyard.operator.groups import (
     FAILED,
     READY,
@@ -36,7 +40,9 @@ from tokenyard.operator.groups import (
     next_indices,
     return_to_previous_nodes,
 )
-from tokenyard.operator.manifests import GroupNames, planned_node, pod_manifest, selector, service_manifest
+from tokenyard.operator.ledger import GpuLedger
+from tokenyard.operator.manifests import GroupNames, planned_node, pod_manifest, service_manifest
+from tokenyard.operator.node_view import ClusterView
 from tokenyard.operator.pacing import delay_before_reconcile
 from tokenyard.operator.placement import (
     BEST_FIT,
@@ -50,21 +56,20 @@ from tokenyard.operator.placement import (
     plan,
     stranded_gpus,
 )
-from tokenyard.operator.revision import revision_hash, revision_template
+from tokenyard.operator.revision import revision_hash
 from tokenyard.operator.rollout import (
     Observations,
-    ScaleGroups,
-    SetShadow,
-    SetWeights,
+    RolloutState,
     start_rollout,
 )
 from tokenyard.operator.rollout import step as rollout_step
+from tokenyard.operator.snapshot import DeploymentMeta, DeploymentSnapshot, Events
+from tokenyard.operator.status import compute_status, invalid_spec_status, parse_timestamp
 
 log = logging.getLogger("tokenyard.operator")
 
 RESYNC_SECONDS = float(os.environ.get("TOKENYARD_RESYNC_SECONDS", "10"))
 BIND_TIMEOUT_SECONDS = float(os.environ.get("TOKENYARD_BIND_TIMEOUT_SECONDS", "30"))
-HISTORY_LIMIT = 10
 ANALYSIS = PrometheusAnalysis(os.environ.get("TOKENYARD_PROMETHEUS_URL"))
 ENGINE_SELECTOR = {keys.MANAGED_BY: keys.MANAGED_BY_VALUE, keys.COMPONENT: keys.COMPONENT_ENGINE}
 
@@ -75,9 +80,9 @@ class Runtime:
     def __init__(self) -> None:
         self.api: k8s.ApiClient | None = None
         self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
-        # pod name -> (node, gpus, created at): pods created whose watch event has not reached the index yet;
-        # counted as used so that two reconciles in a row never plan the same GPUs twice.
-        self.reservations: dict[str, tuple[str, int, float]] = {}
+        # GPUs of pods created whose watch event has not reached the index yet: counted as used so that two
+        # reconciles in a row never plan the same GPUs twice.
+        self.ledger = GpuLedger()
         self.placement_lock = asyncio.Lock()
         self.last_capacity_message: dict[tuple[str, str], str] = {}
         # (namespace, deployment) -> the shape of its groups: best fit protects, and stranded GPUs are measured
@@ -174,7 +179,7 @@ def engine_pods(
     scheduled = conditions.get("PodScheduled", {})
     unschedulable_since = None
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
-        unschedulable_since = _parse_time(scheduled.get("lastTransitionTime"))
+        unschedulable_since = parse_timestamp(scheduled.get("lastTransitionTime"))
     return {
         (namespace, deployment): {
             "name": name,
@@ -235,14 +240,17 @@ async def run_deployment(
 ) -> None:
     key = (namespace, name)
     wake = RUNTIME.wakeup(key)
+    # Kopf's indexes are live mappings: the view reads them again whenever asked.
+    cluster = ClusterView(nodes, pod_gpus, RUNTIME.ledger)
+    events = Events(body)
     loop = asyncio.get_running_loop()
+    # Errors do not leave this loop: raising (even kopf.TemporaryError) would end the daemon, and Kopf would
+    # start it again only after its backoff; the next iteration starts from the truth anyway.
     while not stopped:
         wake.clear()
         last_started = loop.time()
         try:
-            await reconcile(
-                name, namespace, body, engine_pods.get(key, []), pod_gpus, nodes.get(None, []), logger
-            )
+            await reconcile(body, engine_pods.get(key, []), cluster, events, logger)
         except ApiException as e:
             if e.status == 403 and "being terminated" in str(e.body):
                 logger.info("namespace is being deleted; waiting for the ModelDeployment to go")
@@ -264,31 +272,27 @@ async def run_deployment(
 
 
 async def reconcile(
-    name: str,
-    namespace: str,
     body: Any,
     pods: Iterable[dict[str, Any]],
-    pod_gpus_index: Any,
-    node_summaries: Iterable[dict[str, Any]],
+    cluster: ClusterView,
+    events: Events,
     logger: logging.Logger,
 ) -> None:
-    try:
-        spec = ModelDeploymentSpec.parse(dict(body["spec"]))
-    except ValidationError as e:
-        await _patch_status(
-            name, namespace, {"conditions": _conditions(body, [("Degraded", "True", "InvalidSpec", str(e))])}
-        )
-        return
     now = time.time()
+    try:
+        snapshot = DeploymentSnapshot.from_body(body)
+    except ValidationError as e:
+        meta = DeploymentMeta.from_body(body)
+        await _patch_status(meta.name, meta.namespace, invalid_spec_status(meta, str(e), now))
+        return
+    spec, name, namespace = snapshot.spec, snapshot.name, snapshot.namespace
     update_revision = revision_hash(spec)
     groups = _group_views(pods)
-    rollout_status: dict[str, Any] = {}
-    current_revision = None
     if spec.rollout.strategy == RolloutStrategy.CANARY:
-        canary_plan = await _canary_step(body, spec, update_revision, groups, now)
-        decision = decide_targets(groups, canary_plan["targets"], now, BIND_TIMEOUT_SECONDS)
+        canary = await _canary_step(snapshot, events, update_revision, groups, now)
+        decision = decide_targets(groups, canary.targets, now, BIND_TIMEOUT_SECONDS)
         creates = decision.create_per_revision
-        rollout_status, current_revision = canary_plan["status"], canary_plan["current"]
+        rollout_status, rollout_stable = canary.status_fields(), canary.stable_revision
     else:
         decision = decide(
             groups,
@@ -300,13 +304,12 @@ async def reconcile(
             bind_timeout=BIND_TIMEOUT_SECONDS,
         )
         creates = {update_revision: decision.create} if decision.create else {}
-        # Without a canary the router spreads traffic over every ready group, whatever its revision.
-        rollout_status = {"traffic": [], "shadow": None, "rollout": None}
+        rollout_status, rollout_stable = NO_CANARY_STATUS, None
     levels = [TopologyLevel(level.name, level.node_label) for level in spec.placement.topology]
-    RUNTIME.shapes[(namespace, name)] = GroupShape(
+    RUNTIME.shapes[snapshot.meta.key] = GroupShape(
         spec.parallelism.pods_per_group, spec.parallelism.pod_gpus, spec.placement.gpu_product
     )
-    node_list = _nodes(node_summaries, pod_gpus_index)
+    node_list = cluster.nodes(now)
 
     to_delete = list(decision.delete)
     if decision.scale_down:
@@ -328,130 +331,77 @@ async def reconcile(
             return_to.setdefault(group.revision, []).append(group)
         if group.phase == FAILED or "re-planning" in reason:
             metrics.GROUPS_RECREATED.labels(namespace, name).inc()
-            kopf.warn(body, reason="GroupRecreated", message=f"group {group.index}: {reason}")
+            events.warn("GroupRecreated", f"group {group.index}: {reason}")
         else:
-            kopf.info(
-                body,
-                reason="GroupRemoved",
-                message=f"group {group.index} (revision {group.revision}): {reason}",
-            )
+            events.info("GroupRemoved", f"group {group.index} (revision {group.revision}): {reason}")
 
     capacity_problem = None
     used_indices = {g.index for g in groups}
     for revision, count in creates.items():
-        revision_spec = _spec_of_revision(spec, revision, update_revision, body)
+        revision_spec = snapshot.spec_of_revision(revision, update_revision)
         if revision_spec is None:
             logger.warning(
                 f"cannot recreate groups of revision {revision}: its template is not in the history"
             )
             continue
-        problem = await _create_groups(
-            name,
-            namespace,
-            body,
-            revision_spec,
-            revision,
-            used_indices,
-            count,
-            levels,
-            return_to.get(revision, []),
-        )
+        new_groups = NewGroups(revision, revision_spec, count, levels, return_to.get(revision, []))
+        problem = await _create_groups(snapshot.meta, events, cluster, new_groups, used_indices)
         capacity_problem = capacity_problem or problem
 
     deleted = {(g.index, g.revision) for g, _ in to_delete}
     remaining = [g for g in groups if (g.index, g.revision) not in deleted]
-    await _write_status(
-        name,
-        namespace,
-        body,
-        spec,
+    status = compute_status(
+        snapshot,
         update_revision,
         remaining,
         node_list,
         capacity_problem,
         rollout_status,
-        current_revision,
+        rollout_stable,
+        time.time(),  # when the status is written, which may be seconds after the reconcile began
     )
+    await _patch_status(name, namespace, status)
     _export_metrics(namespace, name, remaining, capacity_problem, node_list)
 
 
-def _spec_of_revision(
-    spec: ModelDeploymentSpec, revision: str, update_revision: str, body: Any
-) -> ModelDeploymentSpec | None:
-    """The spec a revision's groups are made from: the current one, or an older one from the history."""
-    if revision == update_revision:
-        return spec
-    for record in (body.get("status") or {}).get("revisionHistory") or []:
-        if record.get("revision") == revision and record.get("template"):
-            return ModelDeploymentSpec.parse({**spec.dump(), **record["template"]})
-    return None
-
-
 async def _canary_step(
-    body: Any, spec: ModelDeploymentSpec, update_revision: str, groups: list[GroupView], now: float
-) -> dict[str, Any]:
+    snapshot: DeploymentSnapshot, events: Events, update_revision: str, groups: list[GroupView], now: float
+) -> CanaryPlan:
     """One step of the canary state machine: its targets per revision, and what goes into the status."""
-    status = dict(body.get("status") or {})
+    spec, status = snapshot.spec, snapshot.status
     state = state_from_status(status, update_revision)
     if state.phase.terminal and update_revision not in (state.stable_revision, state.rolled_back_revision):
         state = start_rollout(state, update_revision, now)
     strategy = strategy_from_spec(spec)
-    ready: dict[str, int] = {}
-    for g in groups:
-        if g.ready:
-            ready[g.revision] = ready.get(g.revision, 0) + 1
-    model = spec.model.served_model_name or body["metadata"]["name"]
-    look = await ANALYSIS.observe(spec, model, body["metadata"]["namespace"], strategy, state, now)
-    analysis_status = look.status
+    ready = dict(Counter(g.revision for g in groups if g.ready))
+    model = spec.model.served_model_name or snapshot.name
+    look = await ANALYSIS.observe(spec, model, snapshot.namespace, strategy, state, now)
     observed = Observations(
         ready_groups=ready,
         analysis=look.decision,
         analysis_reason=look.reason,
         analysis_at=look.looked_at,
-        commands=commands_from(body["metadata"].get("annotations") or {}, spec.paused, state),
+        commands=commands_from(snapshot.meta.annotations, spec.paused, state),
     )
     decision = rollout_step(strategy, state, observed, now)
     for message in decision.events:
-        kopf.info(body, reason="Rollout", message=message)
-    targets: dict[str, int] = {}
-    traffic: list[dict[str, Any]] = []
-    shadow = None
-    for action in decision.actions:
-        if isinstance(action, ScaleGroups):
-            targets[action.revision] = action.groups
-        elif isinstance(action, SetWeights):
-            traffic = [{"revision": r, "weight": w} for r, w in action.weights.items()]
-        elif isinstance(action, SetShadow) and action.revision:
-            shadow = {"revision": action.revision, "fraction": action.fraction}
-    new_state = decision.state
-    previous = (status.get("rollout") or {}).get("analysis")
-    _export_rollout_metrics(body, new_state, state, traffic, analysis_status)
-    return {
-        "targets": targets,
-        "current": new_state.stable_revision,
-        "status": {
-            "traffic": traffic,
-            "shadow": shadow,
-            "rollout": {
-                "phase": str(new_state.phase),
-                "step": new_state.step_index,
-                "reason": decision.reason,
-                "stableRevision": new_state.stable_revision,
-                "canaryRevision": new_state.canary_revision,
-                "analysis": analysis_status or previous,
-                "state": new_state.to_dict(),
-            },
-        },
-    }
+        events.info("Rollout", message)
+    plan = canary_plan(decision, look.status, (status.get("rollout") or {}).get("analysis"))
+    _export_rollout_metrics(snapshot.meta.key, decision.state, state, plan.traffic, look.status)
+    return plan
 
 
 _weighted_revisions: dict[tuple[str, str], set[str]] = {}
 
 
 def _export_rollout_metrics(
-    body: Any, new_state: Any, old_state: Any, traffic: list[dict[str, Any]], analysis: dict | None
+    key: tuple[str, str],
+    new_state: RolloutState,
+    old_state: RolloutState,
+    traffic: list[dict[str, Any]],
+    analysis: Mapping[str, Any] | None,
 ) -> None:
-    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    namespace, name = key
     for phase in ("Healthy", "Progressing", "Paused", "Promoting", "RollingBack", "RolledBack"):
         metrics.ROLLOUT_PHASE.labels(namespace, name, phase).set(1 if str(new_state.phase) == phase else 0)
     if new_state.phase != old_state.phase:
@@ -504,44 +454,6 @@ def _group_views(pods: Iterable[dict[str, Any]]) -> list[GroupView]:
     return views
 
 
-def _nodes(
-    summaries: Iterable[dict[str, Any]], pod_gpus_index: Any, ignore_pods: frozenset[str] = frozenset()
-) -> list[Node]:
-    """Nodes with the GPUs in use on each: live pods' and reservations'; `ignore_pods` ("ns/name") are being
-    deleted and count as free."""
-    now = time.time()
-    seen_pods: set[str] = set()
-    used: dict[str, int] = {}
-    # Pods per node let best fit prefer the busier of two equal nodes (packing keeps the emptier one whole).
-    pods: dict[str, int] = {}
-    for summary in summaries:
-        for pod_key, gpus in pod_gpus_index.get(summary["name"], []):
-            seen_pods.add(pod_key.split("/", 1)[1])
-            if pod_key in ignore_pods:
-                continue
-            used[summary["name"]] = used.get(summary["name"], 0) + gpus
-            pods[summary["name"]] = pods.get(summary["name"], 0) + 1
-    for pod_name, (node, gpus, created) in list(RUNTIME.reservations.items()):
-        if pod_name in seen_pods or now - created > 60:
-            del RUNTIME.reservations[pod_name]
-        else:
-            used[node] = used.get(node, 0) + gpus
-            pods[node] = pods.get(node, 0) + 1
-    return [
-        Node(
-            name=s["name"],
-            labels=s["labels"],
-            gpu_allocatable=s["gpus"],
-            gpu_used=used.get(s["name"], 0),
-            gpu_pods=pods.get(s["name"], 0),
-            gpu_product=s["labels"].get(keys.NODE_GPU_PRODUCT, ""),
-            ready=s["ready"],
-            schedulable=s["schedulable"],
-        )
-        for s in summaries
-    ]
-
-
 def _group_key(name: str, group: GroupView) -> str:
     # Indices are unique per deployment, but during a rollout two revisions' groups are compared together.
     return f"{name}/{group.revision}/{group.index}"
@@ -559,23 +471,27 @@ def _assignment(name: str, group: GroupView, node_list: list[Node], spec: ModelD
     )
 
 
+@dataclass(frozen=True)
+class NewGroups:
+    """Groups of one revision that a reconcile creates."""
+
+    revision: str
+    spec: ModelDeploymentSpec  # the revision's spec (an older revision's comes from the history)
+    count: int
+    levels: list[TopologyLevel]
+    # groups just deleted because a member died: their replacements return to the same nodes when those
+    # still have the GPUs
+    dead_groups: list[GroupView]
+
+
 async def _create_groups(
-    name: str,
-    namespace: str,
-    body: Any,
-    spec: ModelDeploymentSpec,
-    revision: str,
-    used_indices: set[int],
-    count: int,
-    levels: list[TopologyLevel],
-    dead_groups: list[GroupView],
+    meta: DeploymentMeta, events: Events, cluster: ClusterView, new: NewGroups, used_indices: set[int]
 ) -> str | None:
-    """Place and create `count` new groups; return the capacity problem when some could not be placed.
-    `used_indices` is shared by every revision created in one reconcile, and grows with the new groups.
-    `dead_groups` were just deleted because a member died: their replacements return to the same nodes
-    when those still have the GPUs."""
+    """Place and create the new groups; return the capacity problem when some could not be placed.
+    `used_indices` is shared by every revision created in one reconcile, and grows with the new groups."""
+    name, namespace, spec, revision = meta.name, meta.namespace, new.spec, new.revision
     par = spec.parallelism
-    indices = next_indices(used_indices, count)
+    indices = next_indices(used_indices, new.count)
     used_indices.update(indices)
     strategy = SPREAD if spec.placement.strategy == "Spread" else BEST_FIT
     requests = [
@@ -591,17 +507,18 @@ async def _create_groups(
         for index in indices
     ]
     # The dead groups' pods may still be in the index (deleted a moment ago): their GPUs count as free.
-    dead_pods = frozenset(f"{namespace}/{m.name}" for g in dead_groups for m in g.members)
+    dead_pods = frozenset(f"{namespace}/{m.name}" for g in new.dead_groups for m in g.members)
     placed: list[tuple[int, Assignment]] = []
     async with RUNTIME.placement_lock:
         # Re-read GPU use inside the lock: another deployment may have just placed groups.
         started = time.perf_counter()
+        now = time.time()
         free = {
             n.name: n.gpu_free
-            for n in _current_nodes(dead_pods)
+            for n in cluster.nodes(now, dead_pods)
             if n.eligible and (not spec.placement.gpu_product or n.gpu_product == spec.placement.gpu_product)
         }
-        previous = [g.recorded_nodes for g in dead_groups if len(g.recorded_nodes) == par.pods_per_group]
+        previous = [g.recorded_nodes for g in new.dead_groups if len(g.recorded_nodes) == par.pods_per_group]
         returned = return_to_previous_nodes(indices, previous, free, par.pod_gpus)
         to_plan = []
         for index, request in zip(indices, requests, strict=True):
@@ -611,20 +528,24 @@ async def _create_groups(
                 continue
             product = spec.placement.gpu_product or ""
             placed.append((index, Assignment(request.key, nodes, par.pod_gpus, product, RETURNED)))
-            _reserve(name, namespace, revision, index, nodes, par.pod_gpus)
+            _reserve(cluster.ledger, GroupNames(name, namespace, revision, index), nodes, par.pod_gpus, now)
         shapes = {*RUNTIME.shapes.values(), *(r.shape for r in requests)}
         # Nodes read again: the returned groups' reservations are in them now.
-        result = plan(_current_nodes(dead_pods), [r for _, r in to_plan], levels, shapes_in_use=list(shapes))
+        result = plan(
+            cluster.nodes(now, dead_pods), [r for _, r in to_plan], new.levels, shapes_in_use=list(shapes)
+        )
         metrics.PLACEMENT_SECONDS.observe(time.perf_counter() - started)
         for index, request in to_plan:
             outcome = result.results[request.key]
             if isinstance(outcome, Assignment):
                 placed.append((index, outcome))
-                _reserve(name, namespace, revision, index, outcome.nodes, par.pod_gpus)
+                names = GroupNames(name, namespace, revision, index)
+                _reserve(cluster.ledger, names, outcome.nodes, par.pod_gpus, now)
         # Groups are independent: create them all at once (a burst of API calls, not one round trip after
         # another), and only then report the first failure, so one bad call does not hold back the rest.
+        owner = meta.owner_reference()
         outcomes = await asyncio.gather(
-            *(_create_group(body, spec, GroupNames(name, namespace, revision, i), a) for i, a in placed),
+            *(_create_group(owner, spec, GroupNames(name, namespace, revision, i), a) for i, a in placed),
             return_exceptions=True,
         )
     first_error: BaseException | None = None
@@ -632,7 +553,7 @@ async def _create_groups(
         if isinstance(outcome, BaseException):
             # Its GPUs must not stay reserved for a group that was not made (pods that were made are in the
             # index and count there); the next reconcile places it again.
-            _release(name, namespace, revision, index, len(assignment.nodes))
+            _release(cluster.ledger, GroupNames(name, namespace, revision, index), len(assignment.nodes))
             first_error = first_error or outcome
             continue
         where = (
@@ -640,16 +561,16 @@ async def _create_groups(
             if assignment.level == RETURNED
             else f"within one {assignment.level}"
         )
-        message = f"group {index} (revision {revision}) on {', '.join(assignment.nodes)} {where}"
-        kopf.info(body, reason="GroupPlaced", message=message)
+        events.info(
+            "GroupPlaced", f"group {index} (revision {revision}) on {', '.join(assignment.nodes)} {where}"
+        )
     problems = [u.reason for u in result.unplaceable]
-    key = (namespace, name)
     message = f"{len(problems)} group(s) cannot be placed: {problems[0]}" if problems else None
     if message is None:
-        RUNTIME.last_capacity_message.pop(key, None)
-    elif RUNTIME.last_capacity_message.get(key) != message:
-        kopf.warn(body, reason="InsufficientCapacity", message=message)
-        RUNTIME.last_capacity_message[key] = message
+        RUNTIME.last_capacity_message.pop(meta.key, None)
+    elif RUNTIME.last_capacity_message.get(meta.key) != message:
+        events.warn("InsufficientCapacity", message)
+        RUNTIME.last_capacity_message[meta.key] = message
     if first_error is not None:
         raise first_error
     return message
@@ -659,49 +580,21 @@ RETURNED = "returned"  # Assignment.level of a recreated gang put back on its pr
 
 
 def _reserve(
-    name: str, namespace: str, revision: str, index: int, nodes: tuple[str, ...], gpus_per_pod: int
+    ledger: GpuLedger, names: GroupNames, nodes: tuple[str, ...], gpus_per_pod: int, now: float
 ) -> None:
-    names = GroupNames(name, namespace, revision, index)
     for rank, node in enumerate(nodes):
-        RUNTIME.reservations[names.pod(rank)] = (node, gpus_per_pod, time.time())
+        ledger.reserve(f"{names.namespace}/{names.pod(rank)}", node, gpus_per_pod, now)
 
 
-def _release(name: str, namespace: str, revision: str, index: int, pods: int) -> None:
-    names = GroupNames(name, namespace, revision, index)
+def _release(ledger: GpuLedger, names: GroupNames, pods: int) -> None:
     for rank in range(pods):
-        RUNTIME.reservations.pop(names.pod(rank), None)
-
-
-_node_source: dict[str, Any] = {}
-
-
-def _current_nodes(ignore_pods: frozenset[str] = frozenset()) -> list[Node]:
-    return _nodes(_node_source["nodes"].get(None, []), _node_source["pod_gpus"], ignore_pods)
-
-
-@kopf.on.startup()
-async def _bind_indexes(nodes: kopf.Index, pod_gpus: kopf.Index, **_: Any) -> None:
-    # Kopf's indexes are live mappings; the placement lock re-reads them through these references.
-    _node_source["nodes"] = nodes
-    _node_source["pod_gpus"] = pod_gpus
-
-
-def _owner_reference(body: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": keys.API_VERSION,
-        "kind": "ModelDeployment",
-        "name": body["metadata"]["name"],
-        "uid": body["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+        ledger.release(f"{names.namespace}/{names.pod(rank)}")
 
 
 async def _create_group(
-    body: Any, spec: ModelDeploymentSpec, names: GroupNames, assignment: Assignment
+    owner: dict[str, Any], spec: ModelDeploymentSpec, names: GroupNames, assignment: Assignment
 ) -> None:
     core = k8s.CoreV1Api(RUNTIME.api)
-    owner = _owner_reference(body)
     service = service_manifest(names)
     service["metadata"]["ownerReferences"] = [owner]
     service["spec"]["ports"][0]["port"] = spec.engine.port
@@ -742,137 +635,6 @@ async def _delete_group(names: GroupNames, group: GroupView) -> None:
 
 
 # ----------------------------------------------------------------------------- status
-
-
-def _now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
-
-
-def _conditions(body: Any, updates: list[tuple[str, str, str, str]]) -> list[dict[str, Any]]:
-    """Merge condition updates into the existing list, keeping lastTransitionTime when the status is unchanged."""
-    existing = {c["type"]: dict(c) for c in (body.get("status") or {}).get("conditions", []) or []}
-    generation = body["metadata"].get("generation")
-    for type_, status, reason, message in updates:
-        old = existing.get(type_)
-        changed = old is None or old.get("status") != status
-        existing[type_] = {
-            "type": type_,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": _now_iso() if changed else old.get("lastTransitionTime", _now_iso()),
-            "observedGeneration": generation,
-        }
-    return list(existing.values())
-
-
-def _domain(group: GroupView, node_list: list[Node], spec: ModelDeploymentSpec) -> str | None:
-    by_name = {n.name: n for n in node_list}
-    members = [by_name.get(m.node or "") for m in group.members]
-    if not members or any(n is None for n in members):
-        return None
-    for level in spec.placement.topology:
-        values = {n.labels.get(level.node_label) for n in members}
-        if len(values) == 1 and None not in values:
-            return f"{level.name}/{values.pop()}"
-    return None
-
-
-async def _write_status(
-    name: str,
-    namespace: str,
-    body: Any,
-    spec: ModelDeploymentSpec,
-    update_revision: str,
-    groups: list[GroupView],
-    node_list: list[Node],
-    capacity_problem: str | None,
-    rollout_status: dict[str, Any],
-    current_override: str | None,
-) -> None:
-    status = dict(body.get("status") or {})
-    ready = [g for g in groups if g.ready]
-    updated = [g for g in groups if g.revision == update_revision]
-    ready_by_revision: dict[str, int] = {}
-    for g in ready:
-        ready_by_revision[g.revision] = ready_by_revision.get(g.revision, 0) + 1
-    current = status.get("currentRevision")
-    if ready_by_revision:
-        current = max(ready_by_revision, key=lambda r: (ready_by_revision[r], r == update_revision))
-    elif current is None:
-        current = update_revision
-    if current_override:
-        current = current_override
-
-    history = list(status.get("revisionHistory") or [])
-    if not any(h.get("revision") == update_revision for h in history):
-        history.append(
-            {"revision": update_revision, "created": _now_iso(), "template": revision_template(spec)}
-        )
-        history = history[-HISTORY_LIMIT:]
-
-    min_ready = max(0, spec.replicas - spec.rollout.max_unavailable)
-    available = len(ready) >= min_ready and (spec.replicas == 0 or len(ready) > 0)
-    done = len(updated) == spec.replicas == len(groups) and all(g.ready for g in updated)
-    failed = [g for g in groups if g.phase == FAILED]
-    updates = [
-        (
-            "Available",
-            "True" if available else "False",
-            "MinimumGroupsReady" if available else "TooFewGroupsReady",
-            f"{len(ready)} of {spec.replicas} groups ready",
-        ),
-        (
-            "Progressing",
-            "False" if done else "True",
-            "Converged" if done else "ReconcilingGroups",
-            f"{len(updated)} of {spec.replicas} groups at revision {update_revision}",
-        ),
-        (
-            "Degraded",
-            "True" if failed else "False",
-            "GroupFailed" if failed else "AllGroupsHealthy",
-            f"{len(failed)} group(s) failed and are being recreated" if failed else "no failed group",
-        ),
-        (
-            "InsufficientCapacity",
-            "True" if capacity_problem else "False",
-            "NotEnoughGPUs" if capacity_problem else "Placed",
-            capacity_problem or "every group is placed",
-        ),
-    ]
-    patch = {
-        "observedGeneration": body["metadata"].get("generation"),
-        "replicas": len(groups),
-        "placedReplicas": sum(1 for g in groups if all(m.node for m in g.members)),
-        "readyReplicas": len(ready),
-        "updatedReplicas": len(updated),
-        "selector": selector(name),
-        "currentRevision": current,
-        "updateRevision": update_revision,
-        "revisionHistory": history,
-        "groups": [
-            {
-                "index": g.index,
-                "revision": g.revision,
-                "phase": g.phase,
-                "nodes": [m.node or planned for m, planned in zip(g.members, g.planned_nodes, strict=False)],
-                "domain": _domain(g, node_list, spec),
-                "readyPods": g.ready_pods,
-                "pods": g.size,
-            }
-            for g in groups
-        ],
-        "conditions": _conditions(body, updates),
-        **rollout_status,
-    }
-    await _patch_status(name, namespace, patch)
 
 
 async def _patch_status(name: str, namespace: str, status: dict[str, Any]) -> None:
