@@ -63,6 +63,63 @@ def _find(name: str, folders: list[Path]) -> Path | None:
     return None
 
 
+# What a cold build of each step takes on 2 cores (measured on the machines here), for the progress line.
+STEP_ESTIMATES = {
+    "Kubernetes": "10-25 min",
+    "etcd": "2-4 min",
+    "kwok": "1-2 min",
+    "helm": "2-4 min",
+    "prometheus": "4-8 min",
+}
+HEARTBEAT_SECONDS = 30.0
+
+
+def progress_line(step: str, step_elapsed_s: float, total_elapsed_s: float) -> str:
+    """One line of the cold build's progress: what is building, for how long, and what it usually takes."""
+    estimate = next((e for key, e in STEP_ESTIMATES.items() if key.lower() in step.lower()), None)
+    usual = f" (a cold build takes {estimate} on 2 cores)" if estimate else ""
+    return f"binaries: {step}: {_minutes(step_elapsed_s)} so far{usual}; {_minutes(total_elapsed_s)} in total"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+def _run_build(command: list[str], heartbeat_s: float = HEARTBEAT_SECONDS) -> tuple[int, list[str]]:
+    """Run the build script, passing its step lines ("building ...") to stderr as they come and printing a
+    progress line every `heartbeat_s` while a step runs, so a newcomer's cold first run is not silent for
+    twenty minutes. Returns the exit code and every output line (for the error message)."""
+    import sys
+    import threading
+    import time
+
+    started = time.monotonic()
+    state = {"step": "preparing the Go modules", "since": started}
+    lines: list[str] = []
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = threading.Event()
+
+    def heartbeat() -> None:
+        while not done.wait(heartbeat_s):
+            now = time.monotonic()
+            print(
+                progress_line(state["step"], now - state["since"], now - started), file=sys.stderr, flush=True
+            )
+
+    ticker = threading.Thread(target=heartbeat, daemon=True)
+    ticker.start()
+    assert process.stdout is not None
+    for raw in process.stdout:
+        line = raw.rstrip("\n")
+        lines.append(line)
+        if line.startswith(("building ", "binaries ready")):
+            state["step"], state["since"] = line.removeprefix("building "), time.monotonic()
+            print(f"binaries: {line} ({_minutes(state['since'] - started)} in)", file=sys.stderr, flush=True)
+    returncode = process.wait()
+    done.set()
+    return returncode, lines
+
+
 def ensure_binaries(build: bool = True, required: tuple[str, ...] = CONTROL_PLANE) -> Binaries:
     """Every binary's path (None for an optional one not there), building the missing `required` ones
     (and the optional ones with them) when `build` is true."""
@@ -76,7 +133,7 @@ def ensure_binaries(build: bool = True, required: tuple[str, ...] = CONTROL_PLAN
             raise BinaryError(
                 f"missing {', '.join(missing)} in {', '.join(map(str, folders))} and no `go` on PATH to build them"
             )
-        result = subprocess.run(
+        returncode, output = _run_build(
             [
                 "bash",
                 str(BUILD_SCRIPT),
@@ -86,14 +143,11 @@ def ensure_binaries(build: bool = True, required: tuple[str, ...] = CONTROL_PLAN
                 KWOK_VERSION,
                 HELM_VERSION,
                 PROMETHEUS_MODULE_VERSION,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+            ]
         )
-        if result.returncode != 0:
-            tail = "\n".join(result.stdout.splitlines()[-15:])
-            raise BinaryError(f"building {', '.join(missing)} failed (exit {result.returncode}):\n{tail}")
+        if returncode != 0:
+            tail = "\n".join(output[-15:])
+            raise BinaryError(f"building {', '.join(missing)} failed (exit {returncode}):\n{tail}")
     found = {name: _find(name, folders) for name in NAMES}
     still_missing = [name for name in required if found[name] is None]
     if still_missing:
