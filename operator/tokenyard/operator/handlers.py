@@ -1,11 +1,12 @@
 """The Kopf adapter: watches, indexes, one reconcile loop per ModelDeployment, and the API writes.
 
 Level-based: each ModelDeployment has a daemon that re-derives the truth from Kopf's in-memory indexes of
-engine pods, of GPU use per node and of nodes (`node_view`, with the `ledger` of GPUs promised to pods not
-seen yet), takes one typed `snapshot` of the ModelDeployment, decides with the pure cores (`groups.decide`,
-`placement.plan`, the rollout state machine through `canary_plan`), applies the result, writes the status
-that `status.compute_status` computes, and sleeps until a pod of the deployment changes or the resync
-interval passes. Everything it needs is in the cluster, so a restarted operator (even after kill -9
+engine pods (`group_views`), of GPU use per node and of nodes (`node_view`, with the `ledger` of GPUs promised
+to pods not seen yet), takes one typed `snapshot` of the ModelDeployment, runs one step of the rollout state
+machine (`canary_plan`, with the analysis' I/O), asks `reconcile_plan.plan_reconcile` what to delete and
+create, applies it (new groups are placed by `placement.plan` under the placement lock, where GPU use is
+read again), writes the status that `status.compute_status` computes, and sleeps until a pod of the
+deployment changes or the resync interval passes. Everything it needs is in the cluster, so a restarted operator (even after kill -9
 mid-update) converges from what it finds: pods carry their group, rank, revision and planned node.
 """
 
@@ -29,17 +30,9 @@ from tokenyard.core import labels as keys
 from tokenyard.core.types import ModelDeploymentSpec, RolloutStrategy
 from tokenyard.operator import metrics
 from tokenyard.operator.canary import PrometheusAnalysis, commands_from, state_from_status, strategy_from_spec
-from tokenyard.operator.canary_plan import NO_CANARY_STATUS, CanaryPlan, canary_plan
-from tokenyard.operator.groups import (
-    FAILED,
-    READY,
-    GroupView,
-    MemberView,
-    decide,
-    decide_targets,
-    next_indices,
-    return_to_previous_nodes,
-)
+from tokenyard.operator.canary_plan import CanaryPlan, canary_plan
+from tokenyard.operator.group_views import group_views
+from tokenyard.operator.groups import FAILED, READY, GroupView, next_indices, return_to_previous_nodes
 from tokenyard.operator.ledger import GpuLedger
 from tokenyard.operator.manifests import GroupNames, planned_node, pod_manifest, service_manifest
 from tokenyard.operator.node_view import ClusterView
@@ -52,10 +45,10 @@ from tokenyard.operator.placement import (
     GroupShape,
     Node,
     TopologyLevel,
-    choose_scale_down,
     plan,
     stranded_gpus,
 )
+from tokenyard.operator.reconcile_plan import RECREATED, Event, plan_reconcile
 from tokenyard.operator.revision import revision_hash
 from tokenyard.operator.rollout import (
     Observations,
@@ -286,82 +279,57 @@ async def reconcile(
         await _patch_status(meta.name, meta.namespace, invalid_spec_status(meta, str(e), now))
         return
     spec, name, namespace = snapshot.spec, snapshot.name, snapshot.namespace
-    update_revision = revision_hash(spec)
-    groups = _group_views(pods)
+    groups = group_views(pods)
+    canary = None
     if spec.rollout.strategy == RolloutStrategy.CANARY:
-        canary = await _canary_step(snapshot, events, update_revision, groups, now)
-        decision = decide_targets(groups, canary.targets, now, BIND_TIMEOUT_SECONDS)
-        creates = decision.create_per_revision
-        rollout_status, rollout_stable = canary.status_fields(), canary.stable_revision
-    else:
-        decision = decide(
-            groups,
-            replicas=spec.replicas,
-            update_revision=update_revision,
-            max_surge=spec.rollout.max_surge,
-            max_unavailable=spec.rollout.max_unavailable,
-            now=now,
-            bind_timeout=BIND_TIMEOUT_SECONDS,
-        )
-        creates = {update_revision: decision.create} if decision.create else {}
-        rollout_status, rollout_stable = NO_CANARY_STATUS, None
-    levels = [TopologyLevel(level.name, level.node_label) for level in spec.placement.topology]
+        canary = await _canary_step(snapshot, events, revision_hash(spec), groups, now)
     RUNTIME.shapes[snapshot.meta.key] = GroupShape(
         spec.parallelism.pods_per_group, spec.parallelism.pod_gpus, spec.placement.gpu_product
     )
     node_list = cluster.nodes(now)
+    planned = plan_reconcile(snapshot, groups, node_list, canary, now, BIND_TIMEOUT_SECONDS)
 
-    to_delete = list(decision.delete)
-    if decision.scale_down:
-        chosen = choose_scale_down(
-            [_assignment(name, g, node_list, spec) for g in decision.scale_down_candidates],
-            node_list,
-            decision.scale_down,
-            levels,
-        )
-        by_key = {_group_key(name, g): g for g in decision.scale_down_candidates}
-        to_delete += [(by_key[k], f"scaling down to {spec.replicas} groups") for k in chosen]
-
-    # Gangs recreated because a member died go back to their nodes when those are still free; groups
-    # re-planned because they could not bind do not (their nodes were taken).
-    return_to: dict[str, list[GroupView]] = {}
-    for group, reason in to_delete:
+    for deletion in planned.deletions:
+        group = deletion.group
         await _delete_group(GroupNames(name, namespace, group.revision, group.index), group)
-        if group.phase == FAILED:
-            return_to.setdefault(group.revision, []).append(group)
-        if group.phase == FAILED or "re-planning" in reason:
+        if deletion.kind == RECREATED:
             metrics.GROUPS_RECREATED.labels(namespace, name).inc()
-            events.warn("GroupRecreated", f"group {group.index}: {reason}")
-        else:
-            events.info("GroupRemoved", f"group {group.index} (revision {group.revision}): {reason}")
+        _emit(events, deletion.event)
 
     capacity_problem = None
     used_indices = {g.index for g in groups}
-    for revision, count in creates.items():
-        revision_spec = snapshot.spec_of_revision(revision, update_revision)
+    for revision, count in planned.creates.items():
+        revision_spec = snapshot.spec_of_revision(revision, planned.update_revision)
         if revision_spec is None:
             logger.warning(
                 f"cannot recreate groups of revision {revision}: its template is not in the history"
             )
             continue
-        new_groups = NewGroups(revision, revision_spec, count, levels, return_to.get(revision, []))
+        dead_groups = list(planned.return_to.get(revision, ()))
+        new_groups = NewGroups(revision, revision_spec, count, list(planned.levels), dead_groups)
         problem = await _create_groups(snapshot.meta, events, cluster, new_groups, used_indices)
         capacity_problem = capacity_problem or problem
 
-    deleted = {(g.index, g.revision) for g, _ in to_delete}
-    remaining = [g for g in groups if (g.index, g.revision) not in deleted]
+    remaining = list(planned.remaining)
     status = compute_status(
         snapshot,
-        update_revision,
+        planned.update_revision,
         remaining,
         node_list,
         capacity_problem,
-        rollout_status,
-        rollout_stable,
+        planned.rollout_status,
+        planned.current_revision,
         time.time(),  # when the status is written, which may be seconds after the reconcile began
     )
     await _patch_status(name, namespace, status)
     _export_metrics(namespace, name, remaining, capacity_problem, node_list)
+
+
+def _emit(events: Events, event: Event) -> None:
+    if event.warning:
+        events.warn(event.reason, event.message)
+    else:
+        events.info(event.reason, event.message)
 
 
 async def _canary_step(
@@ -421,54 +389,6 @@ def _export_rollout_metrics(
         metrics.ROLLOUT_ANALYSIS_THRESHOLD.labels(namespace, name, verdict["metric"]).set(
             verdict["threshold"]
         )
-
-
-def _group_views(pods: Iterable[dict[str, Any]]) -> list[GroupView]:
-    by_group: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    for pod in pods:
-        by_group.setdefault((pod["group"], pod["revision"]), []).append(pod)
-    views = []
-    for (index, revision), members in sorted(by_group.items()):
-        members.sort(key=lambda p: p["rank"])
-        views.append(
-            GroupView(
-                index=index,
-                revision=revision,
-                size=max(p["size"] for p in members),
-                members=tuple(
-                    MemberView(
-                        name=p["name"],
-                        rank=p["rank"],
-                        node=p["node"],
-                        phase=p["phase"],
-                        ready=p["ready"],
-                        unschedulable_since=p["unschedulable_since"],
-                        terminating=p["terminating"],
-                    )
-                    for p in members
-                ),
-                planned_nodes=tuple(p["planned"] or "" for p in members),
-                recorded_nodes=next((p.get("group_nodes") for p in members if p.get("group_nodes")), ()),
-            )
-        )
-    return views
-
-
-def _group_key(name: str, group: GroupView) -> str:
-    # Indices are unique per deployment, but during a rollout two revisions' groups are compared together.
-    return f"{name}/{group.revision}/{group.index}"
-
-
-def _assignment(name: str, group: GroupView, node_list: list[Node], spec: ModelDeploymentSpec) -> Assignment:
-    nodes_of_group = tuple(m.node or "" for m in group.members)
-    products = {n.name: n.gpu_product for n in node_list}
-    return Assignment(
-        group_key=_group_key(name, group),
-        nodes=nodes_of_group,
-        gpus_per_pod=spec.parallelism.pod_gpus,
-        gpu_product=products.get(nodes_of_group[0], "") if nodes_of_group else "",
-        level="cluster",
-    )
 
 
 @dataclass(frozen=True)
