@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 
 class FakeCoreV1:
-    def read_node(self, name):
+    def read_node(self, name, **_request_options):
         class Meta:
             labels = {L.NODE_GPU_PRODUCT: "NVIDIA-H200"}
 
