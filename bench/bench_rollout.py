@@ -61,7 +61,12 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from tokenyard.operator.analysis import AnalysisSettings, Decision, ProportionCounts, compare_proportions
+from tokenyard.operator.analysis import (
+    AnalysisDecision,
+    AnalysisSettings,
+    ProportionCounts,
+    compare_proportions,
+)
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 SEED = 20261202
@@ -136,7 +141,7 @@ def tokenyard_rollback_look(rollout: Rollout, settings: AnalysisSettings) -> int
             ProportionCounts(n * STABLE_PER_LOOK, f_s),
             settings,
         )
-        if verdict.decision is Decision.FAIL:
+        if verdict.decision is AnalysisDecision.FAIL:
             return n
     return None
 

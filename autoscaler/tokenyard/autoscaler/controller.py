@@ -34,24 +34,19 @@ from kubernetes_asyncio.client.rest import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 from pydantic import ValidationError
 from tokenyard.autoscaler.policy import (
-    Decision,
     Direction,
     Observation,
     Policy,
     PolicyConfig,
     RateLimit,
     SampleWindow,
+    ScalingDecision,
     SignalKind,
     SignalSpec,
 )
-from tokenyard.autoscaler.prometheus import (
-    DEFAULT_SELECTOR,
-    PrometheusClient,
-    QueryTemplateError,
-    Reading,
-    signal_query,
-)
+from tokenyard.autoscaler.prometheus import DEFAULT_SELECTOR, QueryTemplateError, signal_query
 from tokenyard.core import labels
+from tokenyard.core.prometheus import PrometheusClient, Reading
 from tokenyard.core.types import AutoscalerMode, InferenceAutoscalerSpec
 
 log = logging.getLogger("tokenyard.autoscaler")
@@ -187,7 +182,7 @@ def condition(
 
 def decision_conditions(
     previous: list[dict[str, Any]],
-    decision: Decision,
+    decision: ScalingDecision,
     now: str,
     generation: int | None,
     scale_error: str = "",
@@ -631,7 +626,7 @@ class AutoscalerController:
         spec: InferenceAutoscalerSpec,
         tracked: _Tracked,
         counts: TargetCounts,
-        decision: Decision,
+        decision: ScalingDecision,
         readings: dict[str, Reading],
     ) -> None:
         m = self.metrics
@@ -709,7 +704,7 @@ class AutoscalerController:
         )
 
     async def _announce(
-        self, obj, tracked: _Tracked, spec, decision: Decision, scaled: bool, scale_error: str
+        self, obj, tracked: _Tracked, spec, decision: ScalingDecision, scaled: bool, scale_error: str
     ):
         if scale_error:
             await self._event(obj, tracked, "FailedRescale", scale_error, warning=True)

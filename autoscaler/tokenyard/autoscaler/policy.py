@@ -195,7 +195,7 @@ class SignalReading:
 
 
 @dataclass(frozen=True)
-class Decision:
+class ScalingDecision:
     desired: int
     direction: Direction
     reason: str
@@ -278,7 +278,7 @@ class Policy:
         self._memory = _Memory()
 
     # ---- public: the shared concerns --------------------------------------------
-    def decide(self, obs: Observation) -> Decision:
+    def decide(self, obs: Observation) -> ScalingDecision:
         cfg, mem = self.config, self._memory
         if obs.current < 0 or obs.ready < 0 or obs.pending < 0:
             raise ValueError(f"group counts must be >= 0, got {obs}")
@@ -508,7 +508,7 @@ class Policy:
         limited_by: str,
         missing: bool,
         missing_text: str,
-    ) -> Decision:
+    ) -> ScalingDecision:
         cfg, mem = self.config, self._memory
         current = obs.current
         mem.up_streak += 1
@@ -579,7 +579,9 @@ class Policy:
             want,
         )
 
-    def _maybe_down(self, obs: Observation, strategy: _Strategy, limited_by: str, want: int) -> Decision:
+    def _maybe_down(
+        self, obs: Observation, strategy: _Strategy, limited_by: str, want: int
+    ) -> ScalingDecision:
         cfg, mem = self.config, self._memory
         current = obs.current
         # A policy that has not yet watched for a whole window (just started or restarted) has no
@@ -654,10 +656,10 @@ class Policy:
         limited_by: str,
         missing: bool,
         recommendation: int | None = None,
-    ) -> Decision:
+    ) -> ScalingDecision:
         self._memory.scale_steps.append((obs.now, obs.current, target))
         direction = Direction.UP if target > obs.current else Direction.DOWN
-        return Decision(
+        return ScalingDecision(
             target,
             direction,
             f"{obs.current} -> {target} groups: {why}",
@@ -680,8 +682,8 @@ class Policy:
         missing: bool = False,
         recommendation: int | None = None,
         panic: bool = False,
-    ) -> Decision:
-        return Decision(
+    ) -> ScalingDecision:
+        return ScalingDecision(
             obs.current,
             Direction.HOLD,
             why,

@@ -1,20 +1,25 @@
-"""Reading signals from Prometheus: an async client of the HTTP API and the default PromQL per signal.
+"""The autoscaler's signals in Prometheus: the default PromQL per signal and its placeholders.
 
-Every failure -- Prometheus unreachable, a timeout, an HTTP or PromQL error, an empty result, a NaN --
-comes back as a reading with no value and the reason, never as zero: zero waiting requests means
-"scale down", and a dead Prometheus must not say that.
+The client (`PrometheusClient`, `Reading`, `parse_query_response`) is `tokenyard.core.prometheus`, shared with
+the operator's rollout analysis, and re-exported here. Every failure comes back as a reading with no value and
+the reason, never as zero: zero waiting requests means "scale down", and a dead Prometheus must not say that.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-from dataclasses import dataclass
 from string import Template
-from typing import Any
 
-import aiohttp
 from tokenyard.autoscaler.policy import SignalKind
+from tokenyard.core.prometheus import PrometheusClient, Reading, parse_query_response
+
+__all__ = [
+    "DEFAULT_SELECTOR",
+    "PrometheusClient",
+    "QueryTemplateError",
+    "Reading",
+    "parse_query_response",
+    "signal_query",
+]
 
 # How the engine pods' Prometheus labels name the target. The scrape configuration (Kubernetes service
 # discovery) maps the pod's namespace to `namespace` and its `tokenyard.dev/model-deployment` label to
@@ -134,93 +139,3 @@ def signal_query(
         raise QueryTemplateError(
             f"query {template!r}: unknown or malformed placeholder {exc}; use $namespace, $target or $selector"
         ) from None
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One query's outcome: a value, or why there is none."""
-
-    value: float | None
-    problem: str = ""
-    sampled_at: float | None = None  # Prometheus's evaluation time (unix seconds)
-
-    @property
-    def ok(self) -> bool:
-        return self.value is not None
-
-
-def parse_query_response(http_status: int, body: Any, query: str) -> Reading:
-    """Turn an /api/v1/query response into a Reading (pure, so it is tested without a server)."""
-    if not isinstance(body, dict):
-        return Reading(None, f"HTTP {http_status}: response is not a JSON object")
-    if body.get("status") != "success":
-        error = body.get("error") or "no error message"
-        return Reading(None, f"HTTP {http_status}: {body.get('errorType', 'error')}: {error}")
-    data = body.get("data") or {}
-    result_type, result = data.get("resultType"), data.get("result")
-    if result_type == "scalar":
-        sample = result
-    elif result_type == "vector":
-        if not result:
-            return Reading(None, "empty result (no series match)")
-        if len(result) > 1:
-            return Reading(None, f"{len(result)} series, expected one: aggregate the query (sum, avg)")
-        sample = result[0].get("value")
-    else:
-        return Reading(None, f"result type {result_type!r}, expected a vector or scalar")
-    try:
-        at, raw = float(sample[0]), float(sample[1])
-    except (TypeError, ValueError, IndexError):
-        return Reading(None, f"malformed sample {sample!r}")
-    if not math.isfinite(raw):
-        return Reading(None, f"value is {raw}", at)
-    return Reading(raw, "", at)
-
-
-class PrometheusClient:
-    """A small async client of Prometheus's instant-query API. One per process; close() when done."""
-
-    def __init__(self, base_url: str, timeout_s: float = 5.0, session: aiohttp.ClientSession | None = None):
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"Prometheus URL must start with http:// or https://, got {base_url!r}")
-        self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
-        self._session = session
-        self._own_session = session is None
-
-    async def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
-            self._own_session = True
-        return self._session
-
-    async def query(self, promql: str, at: float | None = None) -> Reading:
-        url = f"{self.base_url}/api/v1/query"
-        params = {"query": promql}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        session = await self._get_session()
-        try:
-            async with session.get(
-                url, params=params, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
-            ) as response:
-                try:
-                    body = await response.json(content_type=None)
-                except (aiohttp.ContentTypeError, ValueError):
-                    return Reading(None, f"HTTP {response.status} from {url}: body is not JSON")
-                return parse_query_response(response.status, body, promql)
-        except TimeoutError:
-            return Reading(None, f"Prometheus at {self.base_url} timed out after {self.timeout_s:g}s")
-        except aiohttp.ClientError as exc:
-            return Reading(
-                None, f"Prometheus at {self.base_url} unreachable: {exc.__class__.__name__}: {exc}"
-            )
-
-    async def query_many(self, queries: dict[str, str], at: float | None = None) -> dict[str, Reading]:
-        names = list(queries)
-        readings = await asyncio.gather(*(self.query(queries[n], at) for n in names))
-        return dict(zip(names, readings, strict=True))
-
-    async def close(self) -> None:
-        if self._own_session and self._session is not None:
-            await self._session.close()

@@ -858,7 +858,7 @@ class SignalStatus(ApiModel):
     sampled: str | None = Field(default=None, description="When the value was read.")
 
 
-class Decision(ApiModel):
+class ScalingDecisionStatus(ApiModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     direction: str = Field(description="Up, Down or Hold.")
@@ -874,7 +874,7 @@ class InferenceAutoscalerStatus(ApiModel):
     current_replicas: int | None = Field(default=None, description="Groups the target has.")
     desired_replicas: int | None = Field(default=None, description="Groups the autoscaler wants.")
     signals: list[SignalStatus] = Field(default_factory=list, description="Last value of each signal.")
-    last_decision: Decision | None = Field(default=None, description="The last decision.")
+    last_decision: ScalingDecisionStatus | None = Field(default=None, description="The last decision.")
     last_scale_time: str | None = Field(default=None, description="When the target was last scaled.")
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     if args.prometheus_url:
+        # Read by the start-up handler (handlers.configure builds the rollout analysis), not at import.
         os.environ["TOKENYARD_PROMETHEUS_URL"] = args.prometheus_url
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host)

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field, replace
 __all__ = [
     "AnalysisResult",
     "AnalysisSettings",
-    "Decision",
+    "AnalysisDecision",
     "Margin",
     "MeanSample",
     "MetricInput",
@@ -72,7 +72,7 @@ __all__ = [
 ]
 
 
-class Decision(enum.StrEnum):
+class AnalysisDecision(enum.StrEnum):
     PASS = "Pass"
     FAIL = "Fail"
     PENDING = "Pending"
@@ -201,7 +201,7 @@ class PairedCounts:
 @dataclass(frozen=True)
 class MetricVerdict:
     metric: str
-    decision: Decision
+    decision: AnalysisDecision
     statistic: float | None  # log-likelihood ratio of "canary worse than the margin allows"
     threshold: float  # log(1/α) at the level this metric was tested
     reason: str
@@ -224,7 +224,7 @@ class MetricVerdict:
 
 @dataclass(frozen=True)
 class AnalysisResult:
-    decision: Decision
+    decision: AnalysisDecision
     reason: str
     metrics: tuple[MetricVerdict, ...]
 
@@ -331,21 +331,21 @@ def _verdict_from_tests(
     bound = f"log(1/α)={threshold:.2f}"
     comparison = f"{metric}: {comparison}"
     if worse_log_lr >= threshold and not_yet_failing is None:
-        decision = Decision.FAIL
+        decision = AnalysisDecision.FAIL
         reason = f"{comparison}: canary worse, log-likelihood ratio {worse_log_lr:.2f} ≥ {bound}"
     elif worse_log_lr >= threshold:
         # worse by the statistic, but too few events to trust it: keep going, or, once the window is
         # over, say that the data could not judge
-        decision = Decision.INCONCLUSIVE if final else Decision.PENDING
+        decision = AnalysisDecision.INCONCLUSIVE if final else AnalysisDecision.PENDING
         reason = f"{comparison}: log-likelihood ratio {worse_log_lr:.2f} ≥ {bound}, but {not_yet_failing}"
     elif within_log_lr >= threshold:
-        decision = Decision.PASS
+        decision = AnalysisDecision.PASS
         reason = f"{comparison}: canary within the margin, log-likelihood ratio {within_log_lr:.2f} ≥ {bound}"
     elif final:
-        decision = Decision.PASS
+        decision = AnalysisDecision.PASS
         reason = f"{comparison}: not worse by the end of the window, log-likelihood ratio {worse_log_lr:.2f} < {bound}"
     else:
-        decision = Decision.PENDING
+        decision = AnalysisDecision.PENDING
         reason = f"{comparison}: undecided, log-likelihood ratio {worse_log_lr:.2f} < {bound}"
     return MetricVerdict(metric, decision, worse_log_lr, threshold, reason, canary, stable)
 
@@ -360,7 +360,7 @@ def _too_little(
         f"{metric}: {n_canary:.0f} canary and {n_stable:.0f} stable requests, "
         f"fewer than the {settings.min_requests} needed per revision"
     )
-    decision = Decision.INCONCLUSIVE if final else Decision.PENDING
+    decision = AnalysisDecision.INCONCLUSIVE if final else AnalysisDecision.PENDING
     counts = ({"requests": n_canary}, {"requests": n_stable})
     return MetricVerdict(metric, decision, None, settings.threshold, reason, *counts)
 
@@ -407,11 +407,11 @@ def compare_proportions(
     """
     if _bad_number(canary.requests, canary.events, stable.requests, stable.events):
         reason = f"{metric}: a count is missing or not a number (canary {canary}, stable {stable})"
-        return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+        return MetricVerdict(metric, AnalysisDecision.INCONCLUSIVE, None, settings.threshold, reason)
     n_c, f_c, n_s, f_s = canary.requests, canary.events, stable.requests, stable.events
     if f_c > n_c or f_s > n_s:
         reason = f"{metric}: more bad requests than requests (canary {f_c:g}/{n_c:g}, stable {f_s:g}/{n_s:g})"
-        return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+        return MetricVerdict(metric, AnalysisDecision.INCONCLUSIVE, None, settings.threshold, reason)
     too_little = _too_little(metric, n_c, n_s, settings, final)
     if too_little is not None:
         return too_little
@@ -471,7 +471,7 @@ def compare_means(
     values = (canary.count, canary.mean, canary.variance, stable.count, stable.mean, stable.variance)
     if _bad_number(*values):
         reason = f"{metric}: a value is missing or not a number (canary {canary}, stable {stable})"
-        return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+        return MetricVerdict(metric, AnalysisDecision.INCONCLUSIVE, None, settings.threshold, reason)
     too_little = _too_little(metric, canary.count, stable.count, settings, final)
     if too_little is not None:
         return too_little
@@ -526,11 +526,11 @@ def compare_paired(
     """
     if _bad_number(counts.pairs, counts.canary_only_failures, counts.stable_only_failures):
         reason = f"{metric}: a paired count is missing or not a number ({counts})"
-        return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+        return MetricVerdict(metric, AnalysisDecision.INCONCLUSIVE, None, settings.threshold, reason)
     pairs, c_only, s_only = counts.pairs, counts.canary_only_failures, counts.stable_only_failures
     if c_only + s_only > pairs:
         reason = f"{metric}: more discordant pairs ({c_only + s_only:g}) than pairs ({pairs:g})"
-        return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+        return MetricVerdict(metric, AnalysisDecision.INCONCLUSIVE, None, settings.threshold, reason)
     check_outputs = counts.both_succeeded is not None or counts.outputs_differ is not None
     if check_outputs:
         if (
@@ -538,7 +538,7 @@ def compare_paired(
             or counts.outputs_differ > counts.both_succeeded
         ):
             reason = f"{metric}: output agreement counts are missing or inconsistent ({counts})"
-            return MetricVerdict(metric, Decision.INCONCLUSIVE, None, settings.threshold, reason)
+            return MetricVerdict(metric, AnalysisDecision.INCONCLUSIVE, None, settings.threshold, reason)
         if not (0.0 < tolerated_disagreement < 1.0):
             raise ValueError(f"tolerated_disagreement must be in (0, 1), got {tolerated_disagreement!r}")
     too_little = _too_little(metric, pairs, pairs, settings, final)
@@ -566,13 +566,13 @@ def compare_paired(
     bound = f"log(1/α)={threshold:.2f}"
     comparison = f"{metric}: " + "; ".join(parts)
     if failed:
-        decision = Decision.FAIL
+        decision = AnalysisDecision.FAIL
         reason = f"{comparison}: canary worse, log-likelihood ratio {statistic:.2f} ≥ {bound}"
     elif final:
-        decision = Decision.PASS
+        decision = AnalysisDecision.PASS
         reason = f"{comparison}: not worse by the end of the window, log-likelihood ratio {statistic:.2f} < {bound}"
     else:
-        decision = Decision.PENDING
+        decision = AnalysisDecision.PENDING
         reason = f"{comparison}: undecided, log-likelihood ratio {statistic:.2f} < {bound}"
     return MetricVerdict(
         metric, decision, statistic, threshold, reason, canary_counts, {"only_failures": s_only}
@@ -601,7 +601,7 @@ class MetricInput:
 def evaluate(metrics: Sequence[MetricInput], settings: AnalysisSettings, *, final: bool) -> AnalysisResult:
     """Judge every metric at α/k (Bonferroni) and combine the verdicts."""
     if not metrics:
-        return AnalysisResult(Decision.INCONCLUSIVE, "no metrics to analyse", ())
+        return AnalysisResult(AnalysisDecision.INCONCLUSIVE, "no metrics to analyse", ())
     per_metric = settings.with_alpha(settings.alpha / len(metrics))
     verdicts = []
     for m in metrics:
@@ -614,16 +614,16 @@ def evaluate(metrics: Sequence[MetricInput], settings: AnalysisSettings, *, fina
             verdicts.append(compare_proportions(m.name, m.canary, m.stable, s, final=final, label=m.label))
         else:
             reason = f"{m.name}: measurements missing for a revision (canary {m.canary}, stable {m.stable})"
-            verdicts.append(MetricVerdict(m.name, Decision.INCONCLUSIVE, None, s.threshold, reason))
+            verdicts.append(MetricVerdict(m.name, AnalysisDecision.INCONCLUSIVE, None, s.threshold, reason))
     return combine(verdicts)
 
 
 def combine(verdicts: Sequence[MetricVerdict]) -> AnalysisResult:
     """Any FAIL fails; else any INCONCLUSIVE is inconclusive; else any PENDING is pending; else PASS."""
     if not verdicts:
-        return AnalysisResult(Decision.INCONCLUSIVE, "no metrics to analyse", ())
-    for decision in (Decision.FAIL, Decision.INCONCLUSIVE, Decision.PENDING):
+        return AnalysisResult(AnalysisDecision.INCONCLUSIVE, "no metrics to analyse", ())
+    for decision in (AnalysisDecision.FAIL, AnalysisDecision.INCONCLUSIVE, AnalysisDecision.PENDING):
         hits = [v for v in verdicts if v.decision is decision]
         if hits:
             return AnalysisResult(decision, "; ".join(v.reason for v in hits), tuple(verdicts))
-    return AnalysisResult(Decision.PASS, "; ".join(v.reason for v in verdicts), tuple(verdicts))
+    return AnalysisResult(AnalysisDecision.PASS, "; ".join(v.reason for v in verdicts), tuple(verdicts))

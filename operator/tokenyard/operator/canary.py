@@ -5,8 +5,10 @@ measurements read from Prometheus.
   the state machine's `Strategy`;
 - `commands_from` reads manual commands: the `tokenyard.dev/rollout-command` annotation that
   `kubectl tokenyard rollout promote|abort|pause|resume` writes, and `spec.paused`;
-- `PrometheusAnalysis` measures each revision over the analysis window from the router's metrics and asks the
-  sequential test for a verdict. No Prometheus, an error, or no samples are inconclusive, never a failure.
+- `PrometheusAnalysis` measures each revision over the analysis window from the router's metrics (through the
+  shared `tokenyard.core.prometheus` client) and asks the sequential test for a verdict. No Prometheus, a
+  failed query, or no samples are inconclusive, never a failure: a failed query stops the look, and a revision
+  without samples has no count (None), never a zero one.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import aiohttp
 from tokenyard.core.metrics import bucket_at_or_below
+from tokenyard.core.prometheus import PrometheusClient, VectorReading
 from tokenyard.core.types import AnalysisMetric, AnalysisMetricKind, ModelDeploymentSpec
 from tokenyard.operator.analysis import (
+    AnalysisDecision,
     AnalysisResult,
     AnalysisSettings,
-    Decision,
     Margin,
     MeanSample,
     MetricInput,
@@ -115,10 +117,14 @@ class AnalysisObservation:
     """What the analysis says in this reconcile: a new look (``looked_at`` set, ``status`` its status
     form), the standing verdict of the last look, or nothing (``decision`` None: no analysis running)."""
 
-    decision: Decision | None = None
+    decision: AnalysisDecision | None = None
     reason: str = ""
     looked_at: float | None = None
     status: dict | None = None
+
+
+class QueryFailed(Exception):
+    """A query of the analysis failed (the shared client's reading has no samples): the look is inconclusive."""
 
 
 class PrometheusAnalysis:
@@ -126,7 +132,11 @@ class PrometheusAnalysis:
 
     def __init__(self, url: str | None, timeout: float = 5.0):
         self.url = url.rstrip("/") if url else None
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
+        self.timeout = timeout
+
+    def client(self) -> PrometheusClient:
+        """A client for one look (its session lives as long as the look, in the reconcile's event loop)."""
+        return PrometheusClient(self.url or "", timeout_s=self.timeout)
 
     async def observe(
         self,
@@ -175,23 +185,30 @@ class PrometheusAnalysis:
     ) -> AnalysisResult:
         if not self.url:
             return AnalysisResult(
-                Decision.INCONCLUSIVE, "no Prometheus configured for the analysis (--prometheus-url)", ()
+                AnalysisDecision.INCONCLUSIVE,
+                "no Prometheus configured for the analysis (--prometheus-url)",
+                (),
             )
         scope = QueryScope(model, namespace, f"{max(1, math.ceil(now - since))}s")
         metrics, skipped = metrics_for_step(spec.rollout.analysis.metrics, shadow)
         problems = query_problems(metrics)
         if problems:
             # The user's query is wrong, not Prometheus: say so, and wait (paused) for a fixed spec.
-            return AnalysisResult(Decision.INCONCLUSIVE, "; ".join(problems), ())
+            return AnalysisResult(AnalysisDecision.INCONCLUSIVE, "; ".join(problems), ())
         inputs = []
         try:
-            async with aiohttp.ClientSession(timeout=self.timeout) as session:
-                for metric in metrics:
-                    inputs.append(await self._measure(session, metric, scope, stable, canary, shadow))
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            client = self.client()
+        except ValueError as e:  # not an http(s) URL
+            return AnalysisResult(AnalysisDecision.INCONCLUSIVE, f"Prometheus for the analysis: {e}", ())
+        try:
+            for metric in metrics:
+                inputs.append(await self._measure(client, metric, scope, stable, canary, shadow))
+        except QueryFailed as e:
             return AnalysisResult(
-                Decision.INCONCLUSIVE, f"Prometheus at {self.url} unreachable or failing: {e}", ()
+                AnalysisDecision.INCONCLUSIVE, f"Prometheus at {self.url} unreachable or failing: {e}", ()
             )
+        finally:
+            await client.close()
         result = evaluate(inputs, _settings(spec), final=final)
         if skipped:
             note = f"{', '.join(skipped)}: not measured in a shadow step (the router times only what clients see)"
@@ -199,14 +216,14 @@ class PrometheusAnalysis:
         return result
 
     async def _measure(
-        self, session, metric: AnalysisMetric, scope: QueryScope, stable, canary, shadow
+        self, client, metric: AnalysisMetric, scope: QueryScope, stable, canary, shadow
     ) -> MetricInput:
         name, kind = metric.name, metric.kind
         if kind == AnalysisMetricKind.INTER_TOKEN_LATENCY:
             count, total, buckets = inter_token_latency_queries(scope)
-            counts = await self._vector(session, count, "revision")
-            sums = await self._vector(session, total, "revision")
-            by_bucket = await self._vector(session, buckets, "revision", "le")
+            counts = await self._vector(client, count, "revision")
+            sums = await self._vector(client, total, "revision")
+            by_bucket = await self._vector(client, buckets, "revision", "le")
 
             def sample(revision: str) -> MeanSample:
                 cumulative = {float(le): v for (r, le), v in by_bucket.items() if r == revision}
@@ -215,7 +232,7 @@ class PrometheusAnalysis:
             return MetricInput(name, canary=sample(canary), stable=sample(stable))
         if kind == AnalysisMetricKind.PROMQL:
             canary_counts, stable_counts = [
-                await self._promql_counts(session, metric, scope, r) for r in (canary, stable)
+                await self._promql_counts(client, metric, scope, r) for r in (canary, stable)
             ]
             return MetricInput(
                 name, canary=canary_counts, stable=stable_counts, label="share of bad requests"
@@ -223,21 +240,21 @@ class PrometheusAnalysis:
         if shadow and kind == AnalysisMetricKind.ERROR_RATIO:
             # The very same requests answered by both: compare pairs when the router reports them.
             outcomes_query, matches_query = shadow_pair_queries(scope, canary)
-            outcomes = await self._vector(session, outcomes_query, "outcome")
+            outcomes = await self._vector(client, outcomes_query, "outcome")
             if outcomes:
-                matches = await self._vector(session, matches_query, "match")
+                matches = await self._vector(client, matches_query, "match")
                 return MetricInput(name, paired=paired_counts(outcomes, matches))
         total, bad = proportion_queries(kind, metric.slo_seconds, scope)
         totals, bads = (
-            await self._vector(session, total, "revision"),
-            await self._vector(session, bad, "revision"),
+            await self._vector(client, total, "revision"),
+            await self._vector(client, bad, "revision"),
         )
         if shadow:
             # A shadow step's canary answers only copies: its counts come from the shadow metrics.
             # Dropped copies (no shadow replica available, or too many in flight) were never answered.
             shadow_total, shadow_bad = shadow_request_queries(scope)
-            totals[canary] = (await self._vector(session, shadow_total, "revision")).get(canary)
-            bads[canary] = (await self._vector(session, shadow_bad, "revision")).get(
+            totals[canary] = (await self._vector(client, shadow_total, "revision")).get(canary)
+            bads[canary] = (await self._vector(client, shadow_bad, "revision")).get(
                 canary, 0.0 if totals[canary] else None
             )
         label = "share over TTFT SLO" if kind == AnalysisMetricKind.TTFT_OVER_SLO else "error ratio"
@@ -249,7 +266,7 @@ class PrometheusAnalysis:
         )
 
     async def _promql_counts(
-        self, session, metric: AnalysisMetric, scope: QueryScope, revision: str
+        self, client, metric: AnalysisMetric, scope: QueryScope, revision: str
     ) -> ProportionCounts:
         values = {
             "revision": revision,
@@ -257,35 +274,32 @@ class PrometheusAnalysis:
             "model": scope.model,
             "namespace": scope.namespace,
         }
-        total = await self._number(session, substitute(metric.total_query or "", values))
-        bad = await self._number(session, substitute(metric.bad_query or "", values))
+        total = await self._number(client, substitute(metric.total_query or "", values))
+        bad = await self._number(client, substitute(metric.bad_query or "", values))
         return _proportion(total, bad)
 
-    async def _query(self, session: aiohttp.ClientSession, query: str) -> dict:
-        async with session.get(f"{self.url}/api/v1/query", params={"query": query}) as response:
-            body = await response.json(content_type=None)
-        if body.get("status") != "success":
-            raise ValueError(f"query failed: {body.get('error', body)} (query: {query})")
-        return body["data"]
+    async def _query(self, client: PrometheusClient, query: str) -> VectorReading:
+        return await client.query_vector(query)
 
-    async def _vector(self, session: aiohttp.ClientSession, query: str, *labels: str) -> dict:
-        """The finite samples of an instant vector, keyed by the value of ``labels`` (a tuple for several)."""
+    async def _samples(self, client: PrometheusClient, query: str) -> VectorReading:
+        """The query's reading through the shared client; a failed one stops the look (`QueryFailed`)."""
+        reading = await self._query(client, query)
+        if not reading.ok:
+            raise QueryFailed(reading.problem)
+        return reading
+
+    async def _vector(self, client: PrometheusClient, query: str, *labels: str) -> dict:
+        """The finite samples of an instant vector, keyed by the value of ``labels`` (a tuple for several).
+        An empty result gives no keys: the caller reads a missing revision as no count (None)."""
         out = {}
-        for sample in (await self._query(session, query))["result"]:
-            value = float(sample["value"][1])
-            if math.isfinite(value):
-                key = tuple(sample["metric"].get(label, "") for label in labels)
-                out[key if len(labels) > 1 else key[0]] = value
+        for sample in (await self._samples(client, query)).samples:
+            key = tuple(sample.labels.get(label, "") for label in labels)
+            out[key if len(labels) > 1 else key[0]] = sample.value
         return out
 
-    async def _number(self, session: aiohttp.ClientSession, query: str) -> float | None:
+    async def _number(self, client: PrometheusClient, query: str) -> float | None:
         """One number from a query: a scalar, or the sum of a vector's samples; None when it has none."""
-        data = await self._query(session, query)
-        if data.get("resultType") == "scalar":
-            values = [float(data["result"][1])]
-        else:
-            values = [float(sample["value"][1]) for sample in data["result"]]
-        values = [v for v in values if math.isfinite(v)]
+        values = [sample.value for sample in (await self._samples(client, query)).samples]
         return sum(values) if values else None
 
 

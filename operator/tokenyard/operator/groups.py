@@ -73,7 +73,7 @@ class GroupView:
 
 
 @dataclass
-class Decision:
+class GroupDecision:
     delete: list[tuple[GroupView, str]] = field(default_factory=list)  # group and why
     create: int = 0  # new groups at the update revision
     scale_down: int = 0  # further groups of the update revision to remove; the adapter picks which
@@ -81,7 +81,7 @@ class Decision:
 
 
 def _split_broken(
-    groups: Sequence[GroupView], now: float, bind_timeout: float, decision: Decision
+    groups: Sequence[GroupView], now: float, bind_timeout: float, decision: GroupDecision
 ) -> list[GroupView]:
     """Queue failed and unbindable groups for deletion (to be recreated whole); return the live ones."""
     live: list[GroupView] = []
@@ -103,7 +103,7 @@ def _split_broken(
     return live
 
 
-def _scale_down(groups: list[GroupView], target: int, decision: Decision) -> None:
+def _scale_down(groups: list[GroupView], target: int, decision: GroupDecision) -> None:
     """Remove groups beyond `target`: not-ready ones first (they serve nothing); among ready ones the
     adapter asks the placement planner which removals free the most useful capacity."""
     surplus = len(groups) - target
@@ -124,9 +124,9 @@ def decide(
     max_unavailable: int,
     now: float,
     bind_timeout: float = 30.0,
-) -> Decision:
+) -> GroupDecision:
     """Rolling update: every group converges to `update_revision`, within the surge and unavailability budget."""
-    decision = Decision()
+    decision = GroupDecision()
     live = _split_broken(groups, now, bind_timeout, decision)
 
     new = [g for g in live if g.revision == update_revision]
@@ -163,7 +163,7 @@ def decide(
 
 
 @dataclass
-class TargetDecision(Decision):
+class TargetDecision(GroupDecision):
     create_per_revision: dict[str, int] = field(default_factory=dict)
 
 

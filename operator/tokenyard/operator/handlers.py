@@ -63,7 +63,6 @@ log = logging.getLogger("tokenyard.operator")
 
 RESYNC_SECONDS = float(os.environ.get("TOKENYARD_RESYNC_SECONDS", "10"))
 BIND_TIMEOUT_SECONDS = float(os.environ.get("TOKENYARD_BIND_TIMEOUT_SECONDS", "30"))
-ANALYSIS = PrometheusAnalysis(os.environ.get("TOKENYARD_PROMETHEUS_URL"))
 ENGINE_SELECTOR = {keys.MANAGED_BY: keys.MANAGED_BY_VALUE, keys.COMPONENT: keys.COMPONENT_ENGINE}
 
 
@@ -81,6 +80,9 @@ class Runtime:
         # (namespace, deployment) -> the shape of its groups: best fit protects, and stranded GPUs are measured
         # against, the shapes of every deployment this operator runs, not only the one reconciling.
         self.shapes: dict[tuple[str, str], GroupShape] = {}
+        # The rollout analysis, built at start-up from $TOKENYARD_PROMETHEUS_URL (`--prometheus-url`); until
+        # then, and without a URL, every look is inconclusive.
+        self.analysis = PrometheusAnalysis(None)
 
     def wakeup(self, key: tuple[str, str]) -> asyncio.Event:
         return self.wakeups.setdefault(key, asyncio.Event())
@@ -113,6 +115,14 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     else:
         k8s_config.load_incluster_config()
     RUNTIME.api = k8s.ApiClient()
+    RUNTIME.analysis = analysis_from_environment()
+
+
+def analysis_from_environment() -> PrometheusAnalysis:
+    """The rollout analysis from the setting (`--prometheus-url`, which `__main__` puts in the environment)."""
+    url = os.environ.get("TOKENYARD_PROMETHEUS_URL") or None
+    log.info("rollout analysis reads %s", url or "no Prometheus (every analysis is inconclusive)")
+    return PrometheusAnalysis(url)
 
 
 @kopf.on.login()
@@ -343,7 +353,7 @@ async def _canary_step(
     strategy = strategy_from_spec(spec)
     ready = dict(Counter(g.revision for g in groups if g.ready))
     model = spec.model.served_model_name or snapshot.name
-    look = await ANALYSIS.observe(spec, model, snapshot.namespace, strategy, state, now)
+    look = await RUNTIME.analysis.observe(spec, model, snapshot.namespace, strategy, state, now)
     observed = Observations(
         ready_groups=ready,
         analysis=look.decision,

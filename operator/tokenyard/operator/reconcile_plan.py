@@ -18,7 +18,7 @@ from typing import Any
 
 from tokenyard.core.types import ModelDeploymentSpec, RolloutStrategy
 from tokenyard.operator.canary_plan import NO_CANARY_STATUS, CanaryPlan
-from tokenyard.operator.groups import FAILED, Decision, GroupView, decide, decide_targets
+from tokenyard.operator.groups import FAILED, GroupDecision, GroupView, decide, decide_targets
 from tokenyard.operator.placement import Assignment, Node, TopologyLevel, choose_scale_down
 from tokenyard.operator.revision import revision_hash
 from tokenyard.operator.snapshot import DeploymentSnapshot
@@ -80,7 +80,7 @@ def plan_reconcile(
     (and ignored otherwise); `nodes` are the cluster's, with the GPUs in use (to choose what to scale down)."""
     spec = snapshot.spec
     update_revision = revision_hash(spec)
-    decision: Decision
+    decision: GroupDecision
     if spec.rollout.strategy == RolloutStrategy.CANARY:
         if canary is None:
             raise ValueError(f"{snapshot.namespace}/{snapshot.name}: a canary rollout needs its canary plan")

@@ -36,7 +36,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from tokenyard.operator.analysis import Decision
+from tokenyard.operator.analysis import AnalysisDecision
 
 __all__ = [
     "AnalysisStep",
@@ -184,7 +184,7 @@ class RolloutState:
     # The analysis' last look: when, and its verdict, which stands until the next look is due. Kept in the
     # status so that an operator restart neither looks early nor forgets the verdict.
     analysis_looked_at: float | None = None
-    analysis_decision: Decision | None = None
+    analysis_decision: AnalysisDecision | None = None
     analysis_reason: str = ""
 
     def to_dict(self) -> dict:
@@ -231,7 +231,7 @@ class RolloutState:
                 message=data.get("message", ""),
                 handled_commands=tuple(data.get("handledCommands", ())),
                 analysis_looked_at=data.get("analysisLookedAt"),
-                analysis_decision=None if analysis is None else Decision(analysis),
+                analysis_decision=None if analysis is None else AnalysisDecision(analysis),
                 analysis_reason=data.get("analysisReason", ""),
             )
         except (KeyError, ValueError, TypeError) as error:
@@ -245,7 +245,7 @@ class Observations:
     """What the adapter saw. Ready groups are keyed by revision (not by role: roles swap at promotion)."""
 
     ready_groups: Mapping[str, int]
-    analysis: Decision | None = None  # verdict of the analysis running now (None: none is running)
+    analysis: AnalysisDecision | None = None  # verdict of the analysis running now (None: none is running)
     analysis_reason: str = ""
     commands: tuple[Command, ...] = ()
     analysis_at: float | None = None  # when that verdict was reached (a look), if it is a new one
@@ -343,7 +343,7 @@ def analysis_look_due(strategy: Strategy, state: RolloutState, now: float) -> bo
     return first or final or now - looked >= strategy.analysis_interval_s
 
 
-def last_analysis(state: RolloutState) -> tuple[Decision | None, str]:
+def last_analysis(state: RolloutState) -> tuple[AnalysisDecision | None, str]:
     """The verdict of the last look, standing until the next one."""
     return state.analysis_decision, state.analysis_reason
 
@@ -501,14 +501,14 @@ class _Machine:
                 return
         raise RuntimeError(f"rollout state machine did not settle: {self.state}")
 
-    def verdict(self) -> Decision | None:
+    def verdict(self) -> AnalysisDecision | None:
         in_steps = self.state.phase in (Phase.PROGRESSING, Phase.PAUSED)
         return self.observed.analysis if (in_steps, self.state.step_index) == self.entry_step else None
 
     def advance_steps(self) -> None:
         verdict = self.verdict()
         detail = self.observed.analysis_reason or "no reason given"
-        if verdict is Decision.FAIL:
+        if verdict is AnalysisDecision.FAIL:
             if self.strategy.auto_rollback:
                 self.begin_rollback(f"analysis failed: {detail}")
             else:
@@ -516,14 +516,14 @@ class _Machine:
             return
         if self.state.phase is Phase.PAUSED:
             if self.state.pause_reason is PauseReason.INCONCLUSIVE and verdict in (
-                Decision.PASS,
-                Decision.PENDING,
+                AnalysisDecision.PASS,
+                AnalysisDecision.PENDING,
             ):
                 self.unpause("the analysis can judge again")
             else:
                 self.waiting = f"paused: {self.state.message}"
                 return
-        if verdict is Decision.INCONCLUSIVE:
+        if verdict is AnalysisDecision.INCONCLUSIVE:
             self.pause(PauseReason.INCONCLUSIVE, f"analysis inconclusive: {detail}")
             return
         if self.state.step_index >= len(self.strategy.steps):
@@ -582,7 +582,7 @@ class _Machine:
         what = "shadow" if isinstance(current, ShadowStep) else "analysis"
         over = self.now >= self.state.step_started_at + current.duration_s
         verdict = self.verdict() if self.entry_step_started else None
-        if gated and verdict is Decision.PASS:
+        if gated and verdict is AnalysisDecision.PASS:
             self.next_step(f"{what} step passed: {self.observed.analysis_reason or 'analysis passed'}")
         elif gated and over and verdict is None:
             self.pause(PauseReason.INCONCLUSIVE, f"{what} step over but no analysis verdict was observed")

@@ -59,7 +59,7 @@ class RoutingRequest:
 
 
 @dataclass(frozen=True)
-class Decision:
+class RoutingDecision:
     replica: ReplicaSnapshot | None
     scores: dict[str, float]  # total weighted score per candidate
     breakdown: dict[str, dict[str, float]]  # scorer name -> candidate -> normalised score
@@ -380,12 +380,12 @@ class Pipeline:
 
     def decide(
         self, request: RoutingRequest, replicas: Sequence[ReplicaSnapshot], rng: random.Random
-    ) -> Decision:
+    ) -> RoutingDecision:
         candidates = list(replicas)
         for plugin in self.filters:
             kept = plugin.apply(request, candidates)
             if not kept:
-                return Decision(None, {}, {}, plugin.none_left(request, candidates))
+                return RoutingDecision(None, {}, {}, plugin.none_left(request, candidates))
             candidates = kept
         totals = dict.fromkeys((replica.name for replica in candidates), 0.0)
         breakdown: dict[str, dict[str, float]] = {}
@@ -400,4 +400,4 @@ class Pipeline:
         chosen = next(replica for replica in candidates if replica.name == chosen_name)
         parts = ", ".join(f"{name}={values[chosen.name]:.2f}" for name, values in breakdown.items())
         reason = f"{chosen.name} scored {totals[chosen.name]:.3f} of {len(candidates)} candidates ({parts})"
-        return Decision(chosen, totals, breakdown, reason)
+        return RoutingDecision(chosen, totals, breakdown, reason)

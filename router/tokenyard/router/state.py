@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, replace
 from tokenyard.router.accounting import EjectionPolicy, FailureTracker, LoadLedger, ReplicaLoad, Ticket
 from tokenyard.router.core import (
     DEFAULT_FILTERS,
-    Decision,
     HotSpotGuard,
     Pipeline,
     ReplicaSnapshot,
+    RoutingDecision,
     RoutingRequest,
     SaturationLimits,
     choose_revision,
@@ -88,7 +88,7 @@ class Route:
     model: str
     endpoint: Endpoint
     ticket: Ticket
-    decision: Decision
+    decision: RoutingDecision
     prompt_tokens: int
     prefix_match_tokens: int
     shadow: bool = False

@@ -18,8 +18,9 @@ from prometheus_client import (
     generate_latest,
 )
 from tokenyard.autoscaler.policy import SignalKind
-from tokenyard.autoscaler.prometheus import PrometheusClient, signal_query
+from tokenyard.autoscaler.prometheus import signal_query
 from tokenyard.core.process import stop_process
+from tokenyard.core.prometheus import PrometheusClient
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,9 @@ from tokenyard.autoscaler.controller import (
     policy_config_from_spec,
     target_counts,
 )
-from tokenyard.autoscaler.policy import Decision, Direction, SignalKind, SignalReading
-from tokenyard.autoscaler.prometheus import QueryTemplateError, Reading, parse_query_response, signal_query
+from tokenyard.autoscaler.policy import Direction, ScalingDecision, SignalKind, SignalReading
+from tokenyard.autoscaler.prometheus import QueryTemplateError, signal_query
+from tokenyard.core.prometheus import Reading, parse_query_response
 from tokenyard.core.types import InferenceAutoscalerSpec
 
 
@@ -171,7 +172,7 @@ def test_target_counts_read_ready_groups_and_a_full_cluster():
 
 
 def test_conditions_keep_their_transition_time_while_unchanged():
-    hold = Decision(
+    hold = ScalingDecision(
         3,
         Direction.HOLD,
         "no data",

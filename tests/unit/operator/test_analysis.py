@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.operator.analysis import (
+    AnalysisDecision,
     AnalysisSettings,
-    Decision,
     Margin,
     MeanSample,
     MetricInput,
@@ -44,16 +44,16 @@ def binomial(rng: random.Random, n: int, p: float) -> int:
 
 def test_clearly_worse_canary_fails_with_a_readable_reason():
     verdict = compare_proportions("errors", ProportionCounts(1000, 41), ProportionCounts(9000, 90), SETTINGS)
-    assert verdict.decision is Decision.FAIL
+    assert verdict.decision is AnalysisDecision.FAIL
     assert verdict.statistic >= verdict.threshold == pytest.approx(math.log(20))
     assert "4.10%" in verdict.reason and "1.00%" in verdict.reason and "log(1/α)=3.00" in verdict.reason
 
 
 def test_equal_canary_is_pending_while_the_window_runs_and_passes_when_it_ends():
     canary, stable = ProportionCounts(1000, 10), ProportionCounts(9000, 90)
-    assert compare_proportions("errors", canary, stable, SETTINGS).decision is Decision.PENDING
+    assert compare_proportions("errors", canary, stable, SETTINGS).decision is AnalysisDecision.PENDING
     final = compare_proportions("errors", canary, stable, SETTINGS, final=True)
-    assert final.decision is Decision.PASS
+    assert final.decision is AnalysisDecision.PASS
     assert final.statistic < final.threshold
 
 
@@ -62,15 +62,15 @@ def test_canary_well_within_a_relative_margin_passes_early():
     verdict = compare_proportions(
         "errors", ProportionCounts(20000, 200), ProportionCounts(80000, 800), settings
     )
-    assert verdict.decision is Decision.PASS
+    assert verdict.decision is AnalysisDecision.PASS
     assert "within the margin" in verdict.reason
 
 
 def test_absolute_margin_tolerates_a_small_degradation():
     canary, stable = ProportionCounts(20000, 400), ProportionCounts(80000, 800)  # 2.0% vs 1.0%
-    assert compare_proportions("errors", canary, stable, SETTINGS).decision is Decision.FAIL
+    assert compare_proportions("errors", canary, stable, SETTINGS).decision is AnalysisDecision.FAIL
     tolerant = AnalysisSettings(alpha=ALPHA, margin=Margin(absolute=0.02), min_requests=200)
-    assert compare_proportions("errors", canary, stable, tolerant).decision is not Decision.FAIL
+    assert compare_proportions("errors", canary, stable, tolerant).decision is not AnalysisDecision.FAIL
 
 
 @pytest.mark.parametrize(
@@ -86,76 +86,77 @@ def test_absolute_margin_tolerates_a_small_degradation():
 def test_missing_or_broken_counts_are_inconclusive_at_once(canary, stable):
     for final in (False, True):
         verdict = compare_proportions("errors", canary, stable, SETTINGS, final=final)
-        assert verdict.decision is Decision.INCONCLUSIVE
+        assert verdict.decision is AnalysisDecision.INCONCLUSIVE
         assert verdict.reason.startswith("errors: ")
 
 
 @pytest.mark.parametrize("canary_requests", [0, 50, 199])
 def test_too_little_data_waits_then_is_inconclusive(canary_requests):
     canary, stable = ProportionCounts(canary_requests, 0), ProportionCounts(10_000, 100)
-    assert compare_proportions("errors", canary, stable, SETTINGS).decision is Decision.PENDING
+    assert compare_proportions("errors", canary, stable, SETTINGS).decision is AnalysisDecision.PENDING
     final = compare_proportions("errors", canary, stable, SETTINGS, final=True)
-    assert final.decision is Decision.INCONCLUSIVE
+    assert final.decision is AnalysisDecision.INCONCLUSIVE
     assert "fewer than the 200 needed" in final.reason
 
 
 def test_too_little_data_never_fails_even_when_every_request_failed():
     verdict = compare_proportions("errors", ProportionCounts(100, 100), ProportionCounts(1000, 0), SETTINGS)
-    assert verdict.decision is Decision.PENDING
+    assert verdict.decision is AnalysisDecision.PENDING
 
 
 def test_a_handful_of_canary_failures_waits_for_enough_expected_events():
     # 20 of 200 canary requests failed, none of 800 stable ones: 4 expected at the margin, too few to
     # trust the normal approximation; with 300 canary requests (6 expected) the canary fails
     few = compare_proportions("errors", ProportionCounts(200, 20), ProportionCounts(800, 0), SETTINGS)
-    assert few.decision is Decision.PENDING
+    assert few.decision is AnalysisDecision.PENDING
     assert "fewer than the 5 a rollback needs" in few.reason
     at_end = compare_proportions(
         "errors", ProportionCounts(200, 20), ProportionCounts(800, 0), SETTINGS, final=True
     )
-    assert at_end.decision is Decision.INCONCLUSIVE
+    assert at_end.decision is AnalysisDecision.INCONCLUSIVE
     enough = compare_proportions("errors", ProportionCounts(300, 30), ProportionCounts(1200, 0), SETTINGS)
-    assert enough.decision is Decision.FAIL
+    assert enough.decision is AnalysisDecision.FAIL
 
 
 def test_slower_latency_mean_fails_and_equal_passes_at_the_end():
     stable = MeanSample(count=5000, mean=0.020, variance=0.005**2)
     slower = MeanSample(count=1000, mean=0.025, variance=0.006**2)
-    assert compare_means("itl", slower, stable, SETTINGS).decision is Decision.FAIL
+    assert compare_means("itl", slower, stable, SETTINGS).decision is AnalysisDecision.FAIL
     same = MeanSample(count=1000, mean=0.0201, variance=0.005**2)
-    assert compare_means("itl", same, stable, SETTINGS, final=True).decision is Decision.PASS
+    assert compare_means("itl", same, stable, SETTINGS, final=True).decision is AnalysisDecision.PASS
     assert (
-        compare_means("itl", MeanSample(1000, None, 1e-6), stable, SETTINGS).decision is Decision.INCONCLUSIVE
+        compare_means("itl", MeanSample(1000, None, 1e-6), stable, SETTINGS).decision
+        is AnalysisDecision.INCONCLUSIVE
     )
 
 
 def test_identical_constant_latencies_do_not_divide_by_zero():
     sample = MeanSample(count=1000, mean=0.02, variance=0.0)
-    assert compare_means("itl", sample, sample, SETTINGS, final=True).decision is Decision.PASS
+    assert compare_means("itl", sample, sample, SETTINGS, final=True).decision is AnalysisDecision.PASS
 
 
 def test_shadow_errors_on_discordant_pairs():
     worse = PairedCounts(pairs=2000, canary_only_failures=40, stable_only_failures=8)
-    assert compare_paired("shadow", worse, SETTINGS).decision is Decision.FAIL
+    assert compare_paired("shadow", worse, SETTINGS).decision is AnalysisDecision.FAIL
     even = PairedCounts(pairs=2000, canary_only_failures=12, stable_only_failures=11)
-    assert compare_paired("shadow", even, SETTINGS).decision is Decision.PENDING
-    assert compare_paired("shadow", even, SETTINGS, final=True).decision is Decision.PASS
+    assert compare_paired("shadow", even, SETTINGS).decision is AnalysisDecision.PENDING
+    assert compare_paired("shadow", even, SETTINGS, final=True).decision is AnalysisDecision.PASS
 
 
 def test_shadow_output_disagreement_beyond_tolerance_fails():
     counts = PairedCounts(2000, 5, 5, both_succeeded=1990, outputs_differ=200)  # 10% differ
     verdict = compare_paired("shadow", counts, SETTINGS, tolerated_disagreement=0.02)
-    assert verdict.decision is Decision.FAIL
+    assert verdict.decision is AnalysisDecision.FAIL
     assert "outputs differ 10.05%" in verdict.reason
     agreeing = PairedCounts(2000, 5, 5, both_succeeded=1990, outputs_differ=20)
-    assert compare_paired("shadow", agreeing, SETTINGS, final=True).decision is Decision.PASS
+    assert compare_paired("shadow", agreeing, SETTINGS, final=True).decision is AnalysisDecision.PASS
 
 
 def test_shadow_inconsistent_counts_are_inconclusive():
-    assert compare_paired("s", PairedCounts(10, 8, 8), SETTINGS).decision is Decision.INCONCLUSIVE
-    assert compare_paired("s", PairedCounts(None, 0, 0), SETTINGS).decision is Decision.INCONCLUSIVE
+    assert compare_paired("s", PairedCounts(10, 8, 8), SETTINGS).decision is AnalysisDecision.INCONCLUSIVE
+    assert compare_paired("s", PairedCounts(None, 0, 0), SETTINGS).decision is AnalysisDecision.INCONCLUSIVE
     broken = PairedCounts(1000, 1, 1, both_succeeded=10, outputs_differ=11)
-    assert compare_paired("s", broken, SETTINGS).decision is Decision.INCONCLUSIVE
+    assert compare_paired("s", broken, SETTINGS).decision is AnalysisDecision.INCONCLUSIVE
 
 
 def test_evaluate_splits_alpha_and_combines():
@@ -163,13 +164,13 @@ def test_evaluate_splits_alpha_and_combines():
     bad = MetricInput("ttft_slo", ProportionCounts(1000, 80), ProportionCounts(9000, 90))
     missing = MetricInput("itl", MeanSample(1000, 0.02, 1e-6), None)
     result = evaluate([good, bad], SETTINGS, final=True)
-    assert result.decision is Decision.FAIL
+    assert result.decision is AnalysisDecision.FAIL
     assert all(m.threshold == pytest.approx(math.log(2 / ALPHA)) for m in result.metrics)
     assert "ttft_slo" in result.reason and "errors" not in result.reason
-    assert evaluate([good, missing], SETTINGS, final=True).decision is Decision.INCONCLUSIVE
-    assert evaluate([good], SETTINGS, final=True).decision is Decision.PASS
-    assert evaluate([good], SETTINGS, final=False).decision is Decision.PENDING
-    assert evaluate([], SETTINGS, final=True).decision is Decision.INCONCLUSIVE
+    assert evaluate([good, missing], SETTINGS, final=True).decision is AnalysisDecision.INCONCLUSIVE
+    assert evaluate([good], SETTINGS, final=True).decision is AnalysisDecision.PASS
+    assert evaluate([good], SETTINGS, final=False).decision is AnalysisDecision.PENDING
+    assert evaluate([], SETTINGS, final=True).decision is AnalysisDecision.INCONCLUSIVE
     json.dumps(evaluate([good, bad, missing], SETTINGS, final=True).to_dict())  # the status form
 
 
@@ -178,7 +179,7 @@ def test_a_ttft_slo_share_reads_as_such():
         "ttft_slo", ProportionCounts(1000, 90), ProportionCounts(9000, 450), label="share over the TTFT SLO"
     )
     result = evaluate([metric], SETTINGS, final=False)
-    assert result.decision is Decision.FAIL
+    assert result.decision is AnalysisDecision.FAIL
     assert result.reason.startswith(
         "ttft_slo: canary share over the TTFT SLO 9.00% (90/1000) vs stable 5.00%"
     )
@@ -188,7 +189,7 @@ def test_per_metric_margin_overrides_the_default():
     metric = MetricInput(
         "errors", ProportionCounts(20000, 400), ProportionCounts(80000, 800), margin=Margin(3.0)
     )
-    assert evaluate([metric], SETTINGS, final=True).decision is Decision.PASS
+    assert evaluate([metric], SETTINGS, final=True).decision is AnalysisDecision.PASS
 
 
 @pytest.mark.parametrize(
@@ -294,10 +295,10 @@ def test_more_canary_failures_never_turn_a_fail_into_a_pass(n_c, n_s, data, rela
     settings_ = AnalysisSettings(alpha=ALPHA, margin=Margin(relative, absolute), min_requests=100)
     stable = ProportionCounts(n_s, f_s)
     before = compare_proportions("e", ProportionCounts(n_c, f_c), stable, settings_, final=final)
-    assert before.decision in set(Decision)
-    if f_c < n_c and before.decision is Decision.FAIL:
+    assert before.decision in set(AnalysisDecision)
+    if f_c < n_c and before.decision is AnalysisDecision.FAIL:
         after = compare_proportions("e", ProportionCounts(n_c, f_c + 1), stable, settings_, final=final)
-        assert after.decision is Decision.FAIL
+        assert after.decision is AnalysisDecision.FAIL
     json.dumps(before.to_dict())
 
 
@@ -321,7 +322,7 @@ def rollback_rate(
             f_s += binomial(rng, STABLE_PER_LOOK, p_stable)
             canary = ProportionCounts(look * CANARY_PER_LOOK, f_c)
             stable = ProportionCounts(look * STABLE_PER_LOOK, f_s)
-            if compare_proportions("e", canary, stable, settings_).decision is Decision.FAIL:
+            if compare_proportions("e", canary, stable, settings_).decision is AnalysisDecision.FAIL:
                 rolled_back += 1
                 break
     return rolled_back / runs
@@ -357,7 +358,7 @@ def test_a_a_latency_means_stay_under_alpha():
                 mean = s / n
                 samples[key] = MeanSample(n, mean, max(ss / n - mean * mean, 0.0) * n / max(n - 1, 1))
             settings_ = AnalysisSettings(alpha=ALPHA, min_requests=50)
-            if compare_means("itl", samples["c"], samples["s"], settings_).decision is Decision.FAIL:
+            if compare_means("itl", samples["c"], samples["s"], settings_).decision is AnalysisDecision.FAIL:
                 rolled_back += 1
                 break
     assert rolled_back / RUNS <= ALPHA + TOLERANCE
@@ -374,7 +375,7 @@ def test_a_a_shadow_pairs_stay_under_alpha_and_a_worse_shadow_is_caught():
                 s += binomial(rng, 100, p_stable_only)
                 if (
                     compare_paired("shadow", PairedCounts(look * 100, c, s), SETTINGS).decision
-                    is Decision.FAIL
+                    is AnalysisDecision.FAIL
                 ):
                     failed += 1
                     break

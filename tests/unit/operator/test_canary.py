@@ -4,8 +4,9 @@ import asyncio
 import random
 
 import pytest
+from tokenyard.core.prometheus import VectorReading, parse_vector_response
 from tokenyard.core.types import AnalysisMetric, AnalysisMetricKind, ModelDeploymentSpec
-from tokenyard.operator.analysis import AnalysisResult, Decision, PairedCounts
+from tokenyard.operator.analysis import AnalysisDecision, AnalysisResult, PairedCounts
 from tokenyard.operator.canary import (
     PrometheusAnalysis,
     QueryScope,
@@ -139,7 +140,7 @@ class CountingAnalysis(PrometheusAnalysis):
 
     async def judge(self, spec, model, namespace, stable, canary, since, now, final, shadow):
         self.looks.append((namespace, now, final))
-        return AnalysisResult(Decision.PENDING, f"look at {now:g}", ())
+        return AnalysisResult(AnalysisDecision.PENDING, f"look at {now:g}", ())
 
 
 def test_observe_looks_every_interval_and_the_last_verdict_stands_in_between():
@@ -162,7 +163,7 @@ def test_observe_looks_every_interval_and_the_last_verdict_stands_in_between():
     seen_at = asyncio.run(run(state))
     assert [now for _, now, _ in analysis.looks] == [10, 40, 70, 100, 120]
     assert analysis.looks[-1] == ("ns", 120, True) and not any(final for _, _, final in analysis.looks[:-1])
-    assert seen_at[20].decision is Decision.PENDING and seen_at[20].reason == "look at 10"
+    assert seen_at[20].decision is AnalysisDecision.PENDING and seen_at[20].reason == "look at 10"
     assert seen_at[20].looked_at is None and seen_at[20].status is None  # carried, not a new look
     assert seen_at[40].status["reason"] == "look at 40" and seen_at[40].status["time"].endswith("Z")
 
@@ -173,7 +174,7 @@ def observe_nothing(decision=None, reason="", looked_at=None):
 
 def test_no_prometheus_is_inconclusive():
     result = asyncio.run(PrometheusAnalysis(None).judge(None, "m", "ns", "a", "b", 0, 60, False, False))
-    assert result.decision is Decision.INCONCLUSIVE and "no Prometheus" in result.reason
+    assert result.decision is AnalysisDecision.INCONCLUSIVE and "no Prometheus" in result.reason
 
 
 class CannedPrometheus(PrometheusAnalysis):
@@ -183,15 +184,18 @@ class CannedPrometheus(PrometheusAnalysis):
         super().__init__("http://127.0.0.1:1")
         self.answers, self.asked = answers, []
 
-    async def _query(self, session, query):
+    async def _query(self, client, query):
         self.asked.append(query)
         for metric, samples in self.answers.items():
             if metric + "{" in query:
-                return {
-                    "resultType": "vector",
-                    "result": [{"metric": m, "value": [0, str(v)]} for m, v in samples],
-                }
-        return {"resultType": "vector", "result": []}
+                return answer(query, [{"metric": m, "value": [0, str(v)]} for m, v in samples])
+        return answer(query, [])
+
+
+def answer(query, result, result_type="vector"):
+    """The shared client's reading of a successful /api/v1/query response."""
+    body = {"status": "success", "data": {"resultType": result_type, "result": result}}
+    return parse_vector_response(200, body, query)
 
 
 def measure(prometheus, kind=AnalysisMetricKind.ERROR_RATIO, shadow=True):
@@ -235,12 +239,12 @@ def test_a_promql_metric_runs_its_two_queries_per_revision():
             super().__init__("http://127.0.0.1:1")
             self.asked = []
 
-        async def _query(self, session, query):
+        async def _query(self, client, query):
             self.asked.append(query)
             requests = {"rev-a": 1000, "rev-b": 250}["rev-a" if '"rev-a"' in query else "rev-b"]
             value = requests if "my_requests" in query else requests // 50
             # two series (e.g. two routers): their sum is the revision's count
-            return {"resultType": "vector", "result": [{"metric": {}, "value": [0, str(value / 2)]}] * 2}
+            return answer(query, [{"metric": {}, "value": [0, str(value / 2)]}] * 2)
 
     prometheus = PerRevision()
     metric = AnalysisMetric(
@@ -282,6 +286,78 @@ def test_a_promql_query_with_an_unknown_name_is_reported_as_the_users_mistake():
     )
     prometheus = CannedPrometheus({})
     result = asyncio.run(prometheus.judge(spec, "m", "ns", "rev-a", "rev-b", 0, 60, False, False))
-    assert result.decision is Decision.INCONCLUSIVE
+    assert result.decision is AnalysisDecision.INCONCLUSIVE
     assert "analysis metric custom: unknown $rev" in result.reason and "unreachable" not in result.reason
     assert prometheus.asked == []  # nothing was sent
+
+
+# --- failed and empty queries, through the shared client's readings ---------------------------------------
+
+
+def default_spec():
+    return ModelDeploymentSpec.parse(
+        {"model": {"weights": {"uri": "hf://org/m"}}, "engine": {"image": "vllm/vllm-openai:v0.13.0"}}
+    )
+
+
+class FakeClient:
+    """Stands in for `tokenyard.core.prometheus.PrometheusClient`: one reading for every query."""
+
+    def __init__(self, reading):
+        self.reading, self.asked, self.closed = reading, [], False
+
+    async def query_vector(self, query, at=None):
+        self.asked.append(query)
+        return self.reading
+
+    async def close(self):
+        self.closed = True
+
+
+class ReadingAnalysis(PrometheusAnalysis):
+    def __init__(self, reading):
+        super().__init__("http://prometheus:9090")
+        self.fake = FakeClient(reading)
+
+    def client(self):
+        return self.fake
+
+
+def judge(analysis, final=False):
+    return asyncio.run(analysis.judge(default_spec(), "m", "ns", "rev-a", "rev-b", 0, 60, final, False))
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_a_failed_query_makes_the_analysis_inconclusive(final):
+    analysis = ReadingAnalysis(VectorReading(None, "Prometheus at http://prometheus:9090 unreachable: boom"))
+    result = judge(analysis, final)
+    assert result.decision is AnalysisDecision.INCONCLUSIVE, result
+    assert "Prometheus" in result.reason and "boom" in result.reason
+    assert len(analysis.fake.asked) == 1 and analysis.fake.closed  # the first failure stops the look
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_an_empty_query_makes_the_analysis_inconclusive_not_a_zero_count(final):
+    analysis = ReadingAnalysis(answer("q", []))
+    assert analysis.fake.reading.ok and analysis.fake.reading.empty
+    result = judge(analysis, final)
+    assert result.decision is AnalysisDecision.INCONCLUSIVE, result
+    (verdict,) = result.metrics
+    assert verdict.decision is AnalysisDecision.INCONCLUSIVE
+
+
+def test_an_error_response_and_a_nan_are_failed_and_empty_readings():
+    error = parse_vector_response(
+        422, {"status": "error", "errorType": "bad_data", "error": "parse error"}, "q"
+    )
+    assert not error.ok and "bad_data: parse error" in error.problem
+    nan = answer("q", [{"metric": {"revision": "a"}, "value": [0, "NaN"]}])
+    assert nan.ok and nan.empty
+    scalar = answer("q", [0, "3"], result_type="scalar")
+    assert [(dict(s.labels), s.value) for s in scalar.samples] == [({}, 3.0)]
+
+
+def test_an_unreachable_prometheus_is_inconclusive_through_the_real_client():
+    analysis = PrometheusAnalysis("http://127.0.0.1:1", timeout=2.0)
+    result = judge(analysis)
+    assert result.decision is AnalysisDecision.INCONCLUSIVE and "unreachable" in result.reason, result

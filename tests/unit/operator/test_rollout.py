@@ -5,7 +5,7 @@ import json
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from tokenyard.operator.analysis import Decision
+from tokenyard.operator.analysis import AnalysisDecision
 from tokenyard.operator.rollout import (
     AnalysisStep,
     Command,
@@ -141,7 +141,7 @@ def test_failed_analysis_rolls_back_at_once_and_removes_groups_after_the_drain()
     plan = strategy(SetWeightStep(20), AnalysisStep(300), drain_timeout_s=30)
     d = step(plan, begin(), obs(4, 1), 0)
     assert weights(d) == {STABLE: 80, CANARY: 20}
-    d = step(plan, d.state, obs(4, 1, Decision.FAIL, "errors: canary worse"), 60)
+    d = step(plan, d.state, obs(4, 1, AnalysisDecision.FAIL, "errors: canary worse"), 60)
     assert d.state.phase is Phase.ROLLING_BACK
     assert "analysis failed: errors: canary worse" in d.state.message
     assert weights(d) == {STABLE: 100, CANARY: 0}
@@ -158,15 +158,15 @@ def test_failed_analysis_rolls_back_at_once_and_removes_groups_after_the_drain()
 def test_inconclusive_analysis_pauses_and_resumes_by_itself():
     plan = strategy(SetWeightStep(20), AnalysisStep(300))
     d = step(plan, begin(), obs(4, 1), 0)
-    d = step(plan, d.state, obs(4, 1, Decision.INCONCLUSIVE, "prometheus unreachable"), 30)
+    d = step(plan, d.state, obs(4, 1, AnalysisDecision.INCONCLUSIVE, "prometheus unreachable"), 30)
     assert d.state.phase is Phase.PAUSED and d.state.pause_reason is PauseReason.INCONCLUSIVE
     assert "prometheus unreachable" in d.state.message
     assert weights(d) == {STABLE: 80, CANARY: 20}  # held, neither rolled back nor promoted
     d = step(plan, d.state, obs(4, 1, None), 400)  # no verdict is no reason to go on
     assert d.state.phase is Phase.PAUSED
-    d = step(plan, d.state, obs(4, 1, Decision.PENDING), 410)
+    d = step(plan, d.state, obs(4, 1, AnalysisDecision.PENDING), 410)
     assert d.state.phase is Phase.PROGRESSING
-    d = step(plan, d.state, obs(4, 1, Decision.PASS, "errors: within"), 420)
+    d = step(plan, d.state, obs(4, 1, AnalysisDecision.PASS, "errors: within"), 420)
     assert d.state.phase is Phase.PROMOTING
 
 
@@ -184,28 +184,39 @@ def test_analysis_looks_every_interval_and_at_the_end_and_remembers_across_a_res
     d = step(plan, begin(), obs(4, 1), 0)  # the first step starts at 0
     assert analysis_look_due(plan, d.state, 5)  # nothing seen yet in this window
     d = step(
-        plan, d.state, Observations({STABLE: 4, CANARY: 1}, Decision.PENDING, "undecided", analysis_at=5), 5
+        plan,
+        d.state,
+        Observations({STABLE: 4, CANARY: 1}, AnalysisDecision.PENDING, "undecided", analysis_at=5),
+        5,
     )
     assert not analysis_look_due(plan, d.state, 20)  # 15 s after the last look
-    assert last_analysis(d.state) == (Decision.PENDING, "undecided")
+    assert last_analysis(d.state) == (AnalysisDecision.PENDING, "undecided")
     # the look time and verdict survive the status round trip (an operator restart)
     restored = RolloutState.from_dict(json.loads(json.dumps(d.state.to_dict())))
     assert restored == d.state
     assert not analysis_look_due(plan, restored, 34) and analysis_look_due(plan, restored, 35)
     # a carried verdict (no analysis_at) leaves the look time alone
-    d = step(plan, restored, obs(4, 1, Decision.PENDING, "undecided"), 20)
+    d = step(plan, restored, obs(4, 1, AnalysisDecision.PENDING, "undecided"), 20)
     assert d.state.analysis_looked_at == 5
-    d = step(plan, d.state, Observations({STABLE: 4, CANARY: 1}, Decision.PENDING, "", analysis_at=95), 95)
+    d = step(
+        plan, d.state, Observations({STABLE: 4, CANARY: 1}, AnalysisDecision.PENDING, "", analysis_at=95), 95
+    )
     assert not analysis_look_due(plan, d.state, 99)
     assert analysis_look_due(plan, d.state, 100)  # the window is over: its final look, whatever the interval
     # an inconclusive final look pauses; the analysis keeps looking at its interval, to resume by itself
     paused = step(
-        plan, d.state, Observations({STABLE: 4, CANARY: 1}, Decision.INCONCLUSIVE, "", analysis_at=100), 100
+        plan,
+        d.state,
+        Observations({STABLE: 4, CANARY: 1}, AnalysisDecision.INCONCLUSIVE, "", analysis_at=100),
+        100,
     )
     assert paused.state.phase is Phase.PAUSED
     assert not analysis_look_due(plan, paused.state, 110) and analysis_look_due(plan, paused.state, 130)
     d = step(
-        plan, d.state, Observations({STABLE: 4, CANARY: 1}, Decision.PASS, "passed", analysis_at=100), 100
+        plan,
+        d.state,
+        Observations({STABLE: 4, CANARY: 1}, AnalysisDecision.PASS, "passed", analysis_at=100),
+        100,
     )
     assert d.state.step_index == 1 and d.state.step_started_at == 100
     # the PASS that ended the first window is not the second one's verdict: its first look is due at once
@@ -217,7 +228,7 @@ def test_a_verdict_belongs_to_its_step():
     """A PASS for one analysis step does not also pass the next one started in the same reconcile."""
     plan = strategy(AnalysisStep(60), SetWeightStep(20), AnalysisStep(60))
     d = step(plan, begin(), obs(4, 1), 0)
-    d = step(plan, d.state, obs(4, 1, Decision.PASS), 30)
+    d = step(plan, d.state, obs(4, 1, AnalysisDecision.PASS), 30)
     assert d.state.step_index == 2 and d.state.phase is Phase.PROGRESSING
     assert weights(d) == {STABLE: 80, CANARY: 20}
 
@@ -259,11 +270,15 @@ def test_canary_never_ready_is_rolled_back_after_the_progress_deadline():
 def test_failed_analysis_without_auto_rollback_pauses_for_a_human():
     plan = strategy(SetWeightStep(20), AnalysisStep(60), auto_rollback=False)
     d = step(plan, begin(), obs(4, 1), 0)
-    d = step(plan, d.state, obs(4, 1, Decision.FAIL, "worse"), 30)
+    d = step(plan, d.state, obs(4, 1, AnalysisDecision.FAIL, "worse"), 30)
     assert d.state.pause_reason is PauseReason.ANALYSIS_FAILED
-    d = step(plan, d.state, obs(4, 1, Decision.FAIL, "worse", (Command(CommandKind.RESUME, "r1"),)), 40)
+    d = step(
+        plan, d.state, obs(4, 1, AnalysisDecision.FAIL, "worse", (Command(CommandKind.RESUME, "r1"),)), 40
+    )
     assert d.state.pause_reason is PauseReason.ANALYSIS_FAILED
-    d = step(plan, d.state, obs(4, 1, Decision.FAIL, "worse", (Command(CommandKind.ABORT, "a1"),)), 50)
+    d = step(
+        plan, d.state, obs(4, 1, AnalysisDecision.FAIL, "worse", (Command(CommandKind.ABORT, "a1"),)), 50
+    )
     assert d.state.phase is Phase.ROLLING_BACK
 
 
@@ -338,7 +353,15 @@ step_strategy = st.one_of(
 tick = st.tuples(
     st.integers(0, 4),  # stable ready groups
     st.integers(0, 6),  # canary ready groups
-    st.sampled_from([None, Decision.PENDING, Decision.PASS, Decision.FAIL, Decision.INCONCLUSIVE]),
+    st.sampled_from(
+        [
+            None,
+            AnalysisDecision.PENDING,
+            AnalysisDecision.PASS,
+            AnalysisDecision.FAIL,
+            AnalysisDecision.INCONCLUSIVE,
+        ]
+    ),
     st.sampled_from([None, *CommandKind]),
 )
 
@@ -400,7 +423,7 @@ def test_invariants_hold_and_every_rollout_ends(steps, replicas, max_surge, auto
         if state.phase.terminal:
             break
         commands = (Command(CommandKind.PROMOTE, f"settle{i}"),) if i % 10 == 9 else ()
-        d = step(plan, state, obs(replicas, max(replicas, 6), Decision.PASS, "ok", commands), now)
+        d = step(plan, state, obs(replicas, max(replicas, 6), AnalysisDecision.PASS, "ok", commands), now)
         check(d, replicas, max(replicas, 6))
         state = d.state
         now += 7.0
