@@ -15,7 +15,7 @@ IMAGE_TAG ?= $(VERSION)
 CONTAINER_ENGINE ?=
 
 .PHONY: help install proto test test-unit test-integration lint demo cluster-up cluster-down \
-	cluster-status binaries bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout crds \
+	cluster-status binaries bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout chaos crds \
 	image lint-dockerfile
 
 help:
@@ -25,6 +25,7 @@ help:
 	@echo "make image         build the container image with docker, podman or buildah"
 	@echo "make cluster-up    start the local control plane (make cluster-down stops it)"
 	@echo "make bench-*       sim | router | placement | autoscaler | rollout"
+	@echo "make chaos         SIGKILL the operator mid-change on the local stack (CHAOS_QUICK=1: 3 trials)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -109,3 +110,8 @@ bench-autoscaler: $(STAMP) proto
 
 bench-rollout: $(STAMP) proto
 	$(PY) bench/bench_rollout.py
+
+# SIGKILL the operator at random points of scale-up, scale-down and a rolling update on the local cluster;
+# counts duplicate and orphaned pods, availability below the bound, time to converge (CHAOS_TRIALS, CHAOS_SEED).
+chaos: $(STAMP) proto binaries
+	$(PY) bench/chaos_operator.py
