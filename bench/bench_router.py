@@ -647,7 +647,7 @@ def decode_bound_tok_s(clients: int) -> float:
     the client's next). A step of ``b`` sequences yields ``b`` tokens; the tokens/s ``b / step(b)`` is concave
     in ``b`` (the step's cost is weights read once plus KV read per sequence), so an even split of the clients
     and a constant batch is the best any placement can do. Engines serve ``TIME_SCALE`` x modelled time."""
-    from tokenyard.sim.tokenizer import Tokenizer
+    from tokenyard.core.tokenizer import Tokenizer
 
     deployment = engine_options(TIME_SCALE, KV_BLOCKS).deployment()
     tokenizer = Tokenizer(deployment.model.vocab_size)  # the engines' own token counts

@@ -50,7 +50,7 @@ from tokenyard.core import labels  # noqa: E402
 from tokenyard.devcluster.binaries import ensure_binaries  # noqa: E402
 from tokenyard.devcluster.cluster import DevCluster  # noqa: E402
 
-from tests.integration.conftest import CRD_DIR, Kubectl, operator_process  # noqa: E402
+from tests.integration.conftest import CRD_DIR, Kubectl, operator_process, poll_until  # noqa: E402
 
 QUICK = os.environ.get("CHAOS_QUICK") == "1"
 TRIALS = 3 if QUICK else int(os.environ.get("CHAOS_TRIALS", "10"))
@@ -174,26 +174,13 @@ class Harness:
         self.sampler_core = client.CoreV1Api(cluster.api())  # its own connection pool, for the sampler thread
         self.operator = operator_process(cluster.kubeconfig, folder / "operator.log")
 
-    def wait(self, check, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            try:
-                value = check()
-                if value:
-                    return value
-            except Exception as e:  # noqa: BLE001 - still settling; reported on timeout
-                last = e
-            time.sleep(0.1)
-        raise TimeoutError(
-            f"timed out after {timeout}s waiting for {what}" + (f" ({last!r})" if last else "")
-        )
-
     def new_namespace(self, scenario: str) -> str:
         ns = f"chaos-{scenario}-{uuid.uuid4().hex[:6]}"
         self.core.create_namespace({"metadata": {"name": ns}})
-        self.wait(
-            lambda: self.core.read_namespaced_service_account("default", ns), 60, f"ServiceAccount in {ns}"
+        poll_until(
+            lambda: self.core.read_namespaced_service_account("default", ns),
+            60,
+            what=f"ServiceAccount in {ns}",
         )
         return ns
 
@@ -233,14 +220,18 @@ class Harness:
             },
         }
         self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
-        self.wait(self.converged_check(ns, replicas), SETUP_TIMEOUT_SECONDS, f"{replicas} groups in {ns}")
+        poll_until(
+            self.converged_check(ns, replicas), SETUP_TIMEOUT_SECONDS, what=f"{replicas} groups in {ns}"
+        )
 
     def trial(self, ns: str, scenario: Scenario, seed_arg: int, delay: float) -> Trial:
         # A converged starting point (the operator is alive here; this part is not measured).
         if not scenario.update:
             self.patch(ns, {"replicas": scenario.replicas_before})
-            self.wait(
-                self.converged_check(ns, scenario.replicas_before), SETUP_TIMEOUT_SECONDS, "the start state"
+            poll_until(
+                self.converged_check(ns, scenario.replicas_before),
+                SETUP_TIMEOUT_SECONDS,
+                what="the start state",
             )
         result = Trial(kill_after_s=delay)
         stop = threading.Event()
@@ -282,8 +273,10 @@ class Harness:
             self.operator.stop(sig=signal.SIGKILL)
             self.operator.start()
             try:
-                self.wait(
-                    self.converged_check(ns, scenario.replicas_after), CONVERGE_TIMEOUT_SECONDS, "convergence"
+                poll_until(
+                    self.converged_check(ns, scenario.replicas_after),
+                    CONVERGE_TIMEOUT_SECONDS,
+                    what="convergence",
                 )
                 result.converge_s = time.monotonic() - started
             except TimeoutError as e:

@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "charts" / "tokenyard" / "crds"
 
 
-def wait_for(check, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
-    """Poll `check` until it returns a truthy value; fail the test with `what` when the deadline passes."""
+def poll_until(check, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    """Poll `check` until it returns a truthy value (and return it); TimeoutError naming `what`, with the last
+    error `check` raised, when the deadline passes. For scripts; tests use `wait_for`."""
     deadline = time.monotonic() + timeout
     last_error = None
     while time.monotonic() < deadline:
@@ -37,10 +38,18 @@ def wait_for(check, timeout: float = 30.0, interval: float = 0.1, what: str = "c
         except Exception as e:  # noqa: BLE001 - the condition is still settling; report the last error on timeout
             last_error = e
         time.sleep(interval)
-    pytest.fail(
+    raise TimeoutError(
         f"timed out after {timeout}s waiting for {what}"
         + (f" (last error: {last_error!r})" if last_error else "")
     )
+
+
+def wait_for(check, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    """`poll_until` that fails the test when the deadline passes."""
+    try:
+        return poll_until(check, timeout, interval, what)
+    except TimeoutError as e:
+        pytest.fail(str(e))
 
 
 class Kubectl:

@@ -394,8 +394,3 @@ def parse_engine_metrics(text: str, scraped_at: float, models: Collection[str] =
         kv_capacity_tokens=capacity,
         engine=engine,
     )
-
-
-def parse_vllm_metrics(text: str, scraped_at: float) -> EngineStats:
-    """Deprecated name of ``parse_engine_metrics`` (it reads SGLang's names too)."""
-    return parse_engine_metrics(text, scraped_at)

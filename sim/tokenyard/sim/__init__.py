@@ -1,7 +1,7 @@
 """A GPU-free inference engine that behaves like a vLLM (or SGLang) pod.
 
 - `tokenyard.sim.model`: presets (models, GPUs) and the roofline cost of one engine step (pure).
-- `tokenyard.sim.tokenizer`: a deterministic word-piece tokenizer (pure).
+- the tokenizer is `tokenyard.core.tokenizer`, shared with the router (both cut prompts the same way).
 - `tokenyard.sim.engine`: continuous batching, chunked prefill, paged KV with a prefix cache (pure, time passed in).
 - `tokenyard.sim.options`: `EngineOptions` (one engine) and `FaultKnobs` (what changes while it runs) (pure).
 - `tokenyard.sim.engine_args`: the real engines' command lines (`vllm serve ...`,

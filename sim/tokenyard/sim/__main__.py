@@ -24,6 +24,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 
 from tokenyard.core import labels as L
 from tokenyard.sim.engine_args import SGLANG_FLAGS, VLLM_FLAGS, EngineArgsError, engine_options_from_argv
@@ -130,11 +131,15 @@ def _options_from_args(args: argparse.Namespace) -> EngineOptions:
     )
 
 
-async def _until_signalled() -> None:
+async def _until_signalled(announce: Callable[[], None] | None = None) -> None:
+    """Wait for SIGTERM or SIGINT. `announce` runs once the handlers are in place, so that whoever reads what it
+    says can signal the process at once without killing it by the default action."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if announce is not None:
+        announce()
     await stop.wait()
 
 
@@ -229,13 +234,16 @@ def _engine_main(argv: list[str]) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     if not options.serves_http:
-        logging.getLogger("tokenyard.sim").info(
-            "node rank %d of %d%s: a worker serves no API; waiting for SIGTERM",
-            options.node_rank,
-            options.nnodes,
-            " (--headless)" if options.headless else "",
-        )
-        asyncio.run(_until_signalled())
+
+        def announce() -> None:
+            logging.getLogger("tokenyard.sim").info(
+                "node rank %d of %d%s: a worker serves no API; waiting for SIGTERM",
+                options.node_rank,
+                options.nnodes,
+                " (--headless)" if options.headless else "",
+            )
+
+        asyncio.run(_until_signalled(announce))
         return 0
     try:
         asyncio.run(_serve(options))

@@ -421,28 +421,6 @@ def engine_options_from_argv(
     workers come back with `serves_http` False. EngineArgsError (UnknownFlagError for unknown flags) otherwise.
     """
     program, args = split_program(argv)
-    return engine_options_from_args(
-        program,
-        args,
-        sim_model=sim_model,
-        gpu=gpu,
-        time_scale=time_scale,
-        knobs=knobs,
-        default_port=default_port,
-    )
-
-
-def engine_options_from_args(
-    program: Program,
-    args: Sequence[str],
-    *,
-    sim_model: str | None = None,
-    gpu: str = "h100-sxm",
-    time_scale: float = 1.0,
-    knobs: FaultKnobs | None = None,
-    default_port: int | None = None,
-) -> EngineOptions:
-    """As `engine_options_from_argv`, for the arguments after an already recognised program."""
     if program.engine == ENGINE_VLLM:
         values = parse_flags(program, args, VLLM_FLAGS, underscores=True)
         common = _vllm_options(program, values, default_port)

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from aiohttp import web
+from tokenyard.core.tokenizer import Tokenizer
 from tokenyard.sim.engine import (
     Engine,
     EngineError,
@@ -61,7 +62,6 @@ from tokenyard.sim.options import (
     EngineOptions,
     FaultKnobs,
 )
-from tokenyard.sim.tokenizer import Tokenizer
 
 __all__ = ["DRAIN_TIMEOUT_S", "EngineOptions", "FaultKnobs", "SimEngine"]
 

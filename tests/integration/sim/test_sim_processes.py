@@ -59,6 +59,16 @@ async def test_serve_answers_and_stops_cleanly_on_sigterm():
             proc.wait()
 
 
+def _read_until(proc: subprocess.Popen, marker: bytes) -> bytes:
+    """The process's output up to the line holding `marker`, or all of it if it exits first."""
+    seen = b""
+    for line in proc.stdout:
+        seen += line
+        if marker in line:
+            break
+    return seen
+
+
 def sim_process(*argv: str, **env: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tokenyard.sim", *argv],
@@ -139,13 +149,14 @@ async def test_a_headless_worker_serves_nothing_and_stops_on_sigterm():
         "--master-addr", "127.0.0.1", "--master-port", "29500", "--headless",
     )  # fmt: skip
     try:
-        await asyncio.sleep(1.5)
-        assert proc.poll() is None, proc.stdout.read().decode()
+        # The worker says so once it has parsed its command line and decided not to serve; then nothing listens.
+        said = await asyncio.wait_for(asyncio.to_thread(_read_until, proc, b"serves no API"), timeout=20)
+        assert b"serves no API" in said, said.decode(errors="replace")
+        assert proc.poll() is None, said.decode(errors="replace")
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
-        assert b"serves no API" in proc.stdout.read()
     finally:
         stop_process(proc, timeout=5)
 

@@ -3,7 +3,10 @@ the exact command line asserted, and what a GPU engine pod needs around it (shm,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 from pydantic import ValidationError
 from tokenyard.core import labels
 from tokenyard.core.types import ModelDeploymentSpec
@@ -220,3 +223,49 @@ def test_uris_a_rendered_engine_cannot_load_are_refused_naming_the_field(uri):
     ModelDeploymentSpec.parse(
         {"model": {"weights": {"uri": uri}}, "engine": {"kind": "Custom", "image": "img"}}
     )
+
+
+# --- the rendered pods against the engines' documented flags (not the simulator's parser) ---------------------
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "engines"
+DOCUMENTED_FLAGS = {
+    "vLLM": FIXTURES / "vllm_v0.13.0_serve_flags.txt",
+    "SGLang": FIXTURES / "sglang_v0.5_server_args.txt",
+}
+DOCUMENTED_COMMAND = {"vLLM": ["vllm", "serve"], "SGLang": ["python3", "-m", "sglang.launch_server"]}
+
+
+def documented_flags(kind: str) -> set[str]:
+    return {line.strip() for line in DOCUMENTED_FLAGS[kind].read_text().splitlines() if line.startswith("--")}
+
+
+def rendered_argvs():
+    """(label, kind, argv) of every rank of both kinds x one pod / a two-pod group, and of every example."""
+    for kind in ("vLLM", "SGLang"):
+        for tensor in (4, 16):
+            s = spec(kind, tensor)
+            for rank in range(s.parallelism.pods_per_group):
+                yield f"{kind} tp{tensor} rank {rank}", kind, argv(s, rank)
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    for path in sorted(examples.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        if doc["kind"] != "ModelDeployment":
+            continue
+        s = ModelDeploymentSpec.parse(doc["spec"])
+        names = GroupNames(doc["metadata"]["name"], "default", "0123456789", 0)
+        for rank in range(s.parallelism.pods_per_group):
+            c = pod_manifest(s, names, rank, "node-1")["spec"]["containers"][0]
+            yield f"{path.name} rank {rank}", s.engine.kind.value, [*c["command"], *c["args"]]
+
+
+def test_every_rendered_flag_is_one_the_engine_documents():
+    for label, kind, args in rendered_argvs():
+        command = DOCUMENTED_COMMAND[kind]
+        assert args[: len(command)] == command, label
+        flags = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+        assert flags and flags <= documented_flags(kind), (label, sorted(flags - documented_flags(kind)))
+
+
+def test_a_flag_the_engine_does_not_document_is_caught():
+    # The check above must be able to fail: an invented flag is not in the documented list.
+    assert "--tensor-parallel" not in documented_flags("vLLM")
+    assert "--tensor-parallel-size" not in documented_flags("SGLang")

@@ -19,7 +19,6 @@ from tokenyard.router.enginestats import (
     MetricsParseError,
     decode_metrics_body,
     parse_engine_metrics,
-    parse_vllm_metrics,
 )
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "metrics"
@@ -246,8 +245,8 @@ def test_undecodable_bodies_raise_a_decode_error_that_says_why(monkeypatch):
         decode_metrics_body(gzip.compress(b"#" * 5000), "gzip")
 
 
-def test_the_old_name_still_parses():
-    assert parse_vllm_metrics(fixture("vllm_v0.13.0.prom"), 1.0) == VLLM
+def test_the_vllm_fixture_parses_without_a_model_filter():
+    assert parse_engine_metrics(fixture("vllm_v0.13.0.prom"), 1.0) == VLLM
 
 
 def test_a_large_payload_parses_in_milliseconds():

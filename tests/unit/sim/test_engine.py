@@ -4,9 +4,9 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenyard.core.tokenizer import Tokenizer
 from tokenyard.sim.engine import BlockPool, Engine, FinishReason, SamplingParams, SchedulerConfig, Status
 from tokenyard.sim.model import Deployment, StepShape, gpu_preset, model_preset
-from tokenyard.sim.tokenizer import Tokenizer
 
 BS = 16
 

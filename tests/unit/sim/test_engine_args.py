@@ -376,3 +376,28 @@ def test_other_programs_are_refused(argv):
 )
 def test_human_readable_int(text, value):
     assert human_readable_int(text) == value
+
+
+def test_the_simulator_knows_every_flag_the_engines_document_for_tokenyards_pods():
+    """The simulator holds to the engines' documented flags (tests/fixtures/engines, written from their docs),
+    so a pod the operator renders from those flags starts here as it would on a GPU node."""
+    from pathlib import Path
+
+    from tokenyard.sim.engine_args import SGLANG_FLAGS, VLLM_FLAGS
+
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures" / "engines"
+    for fixture, table in (
+        ("vllm_v0.13.0_serve_flags.txt", VLLM_FLAGS),
+        ("sglang_v0.5_server_args.txt", SGLANG_FLAGS),
+    ):
+        documented = {
+            line.strip() for line in (fixtures / fixture).read_text().splitlines() if line.startswith("--")
+        }
+        known = {name for flag in table for name in flag.names}
+        negatable = {name for flag in table if flag.kind == "bool" for name in flag.names}
+        missing = {
+            f
+            for f in documented
+            if f not in known and not (f.startswith("--no-") and "--" + f[5:] in negatable)
+        }
+        assert documented and not missing, (fixture, sorted(missing))

@@ -2,7 +2,7 @@
 
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenyard.sim.tokenizer import WORDS, Tokenizer
+from tokenyard.core.tokenizer import WORDS, Tokenizer
 
 tok = Tokenizer(128_256)
 
