@@ -69,6 +69,18 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+from router_peers import SGLANG_ROUTER_GRID, VLLM_ROUTER_GRID, cache_aware_argv
+from router_workloads import (
+    OUTPUT_TOKENS,
+    Request,
+    Workload,
+    open_requests,
+    poisson_times,
+    shared_prefix_body,
+    tenant_prompts,
+    words,
+)
+from router_workloads import WORKLOADS as ALL_WORKLOADS
 from tokenyard.core.process import stop_process
 from tokenyard.router.proxy import carries_token
 
@@ -82,18 +94,21 @@ CLOSED_SECONDS = float(os.environ.get("BENCH_CLOSED_SECONDS", "10" if QUICK else
 # Before the closed loop's window opens, in every round: the clients start together and need a few request
 # lifetimes (~2 s each at full load) to reach a steady state.
 CLOSED_WARMUP_SECONDS = float(os.environ.get("BENCH_CLOSED_WARMUP_SECONDS", "5" if QUICK else "7"))
-TENANTS = 48
-SYSTEM_WORDS = 1500
-SUFFIX_WORDS = 40
-OUTPUT_TOKENS = 24
 MODEL = "bench-model"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
-# The sim's tokenizer is the "configured tokenizer" here (prompts are hashed by the engine's own tokens).
-TOKENYARD_ARGS = os.environ.get("BENCH_TOKENYARD_ARGS", "--tokenizer sim").split()
-# Subsets for quick experiments (the full comparison runs by default).
+# tokenyard as shipped: no tokenizer configured (prompts hashed by character blocks, as a user's would be until
+# they set spec.routing.tokenizer), no --default-max-tokens (requests name their max_tokens).
+TOKENYARD_ARGS = os.environ.get("BENCH_TOKENYARD_ARGS", "").split()
+# The peers' cache_aware settings (bench/router_peers.py grids): each at its defaults, and sglang-router also at
+# the setting of its grid that did best on the tuning workloads (SGLANG_TUNED, chosen as tokenyard's defaults
+# were: on the four tuning workloads only; see the README's router benchmark section for the grid's figures).
+SGLANG_TUNED = "sglang:balance_early"
 POLICIES = tuple(
-    os.environ.get("BENCH_POLICIES", "tokenyard,round_robin,least_outstanding,sglang_cache_aware").split(",")
+    os.environ.get(
+        "BENCH_POLICIES",
+        f"tokenyard,round_robin,least_outstanding,sglang:defaults,{SGLANG_TUNED},vllm:defaults",
+    ).split(",")
 )
 # Tuning: extra tokenyard configurations run side by side with the others, as policies of their own:
 # BENCH_VARIANTS="name=--flag value --flag2 value;name2=..." adds policies `name`, `name2` (router flags on top of
@@ -105,9 +120,19 @@ VARIANTS = {
     )
 }
 POLICIES += tuple(name for name in VARIANTS if name not in POLICIES)
-WORKLOADS = tuple(
-    os.environ.get("BENCH_WORKLOADS", "shared_prefix_70,shared_prefix_95,no_sharing,multi_turn").split(",")
-)
+for _policy in POLICIES:
+    _router, _, _setting = _policy.partition(":")
+    _grid = {"sglang": SGLANG_ROUTER_GRID, "vllm": VLLM_ROUTER_GRID}.get(_router)
+    if _grid is not None and _setting not in _grid:
+        raise SystemExit(
+            f"BENCH_POLICIES: {_router} has no setting {_setting!r}; its grid: {', '.join(_grid)}"
+        )
+    if _grid is None and _policy not in ("tokenyard", "round_robin", "least_outstanding", *VARIANTS):
+        raise SystemExit(f"BENCH_POLICIES: unknown policy {_policy!r}")
+WORKLOADS = tuple(os.environ.get("BENCH_WORKLOADS", ",".join(ALL_WORKLOADS)).split(","))
+for _name in WORKLOADS:
+    if _name not in ALL_WORKLOADS:
+        raise SystemExit(f"BENCH_WORKLOADS: unknown workload {_name!r}; known: {', '.join(ALL_WORKLOADS)}")
 
 
 def free_port() -> int:
@@ -151,27 +176,6 @@ async def host_engines(count: int, time_scale: float, blocks: int, port_file: st
         await engine.stop(drain_timeout_s=0.5)
 
 
-# --- workloads -----------------------------------------------------------------------------------------------
-
-WORDS = (
-    "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river mountain forest ocean desert "
-    "city village market harbor bridge tower garden library museum station airport castle temple palace "
-    "engine turbine circuit signal network server cluster router gateway buffer kernel thread process "
-    "invoice ledger account balance payment refund policy contract clause tenant customer support ticket"
-).split()
-
-
-def words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-@dataclass
-class Request:
-    path: str
-    body: dict
-    at: float  # seconds after the run's start
-
-
 @dataclass
 class Result:
     ttft: float | None
@@ -179,55 +183,6 @@ class Result:
     output_tokens: int
     ok: bool
     text: str = ""
-
-
-def zipf_weights(n: int, s: float = 0.8) -> list[float]:
-    return [1.0 / (i + 1) ** s for i in range(n)]
-
-
-def poisson_times(rng: random.Random, rate: float, duration: float) -> list[float]:
-    times, t = [], 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= duration:
-            return times
-        times.append(t)
-
-
-def tenant_prompts() -> tuple[list[str], list[float]]:
-    prompts = [
-        f"Tenant {i} instructions. " + words(random.Random(1000 + i), SYSTEM_WORDS) for i in range(TENANTS)
-    ]
-    return prompts, zipf_weights(TENANTS)
-
-
-def shared_prefix_body(rng: random.Random, tenants: tuple[list[str], list[float]]) -> dict:
-    prompts, weights = tenants
-    return {
-        "prompt": rng.choices(prompts, weights)[0] + "\nQuestion: " + words(rng, SUFFIX_WORDS),
-        "max_tokens": OUTPUT_TOKENS,
-    }
-
-
-def unique_body(rng: random.Random, key: str) -> dict:
-    return {"prompt": f"Request {key}. " + words(rng, SYSTEM_WORDS // 2), "max_tokens": OUTPUT_TOKENS}
-
-
-def shared_prefix_requests(rate: float, duration: float, seed: int = 1) -> list[Request]:
-    rng = random.Random(seed)
-    tenants = tenant_prompts()
-    return [
-        Request("/v1/completions", shared_prefix_body(rng, tenants), t)
-        for t in poisson_times(rng, rate, duration)
-    ]
-
-
-def unique_requests(rate: float, duration: float, seed: int = 2) -> list[Request]:
-    rng = random.Random(seed)
-    return [
-        Request("/v1/completions", unique_body(rng, f"{seed}-{k}"), t)
-        for k, t in enumerate(poisson_times(rng, rate, duration))
-    ]
 
 
 # --- dispatch --------------------------------------------------------------------------------------------------
@@ -409,7 +364,7 @@ class WindowedResults(list):
 
 
 async def run_closed_loop(
-    session, dispatcher, workload: str, clients: int, duration: float, seed: int = 4
+    session, dispatcher, workload: Workload, clients: int, duration: float, seed: int = 4
 ) -> tuple[list[Result], float]:
     """``clients`` clients, each sending its next request as soon as its last one ended (multi_turn: its next
     turn, and a new conversation after the last): after CLOSED_WARMUP_SECONDS, a window of ``duration``
@@ -420,20 +375,19 @@ async def run_closed_loop(
     In multi_turn, client c starts in turn c mod TURNS of its first conversation: started all at turn 1, the
     conversations stay in step (every client at the same turn, the engines' caches all cold or all warm
     together) for longer than the window lasts."""
-    tenants = tenant_prompts()
     results = WindowedResults(time.monotonic() + CLOSED_WARMUP_SECONDS)
     window = TokenWindow(results.opens_at, duration)
 
     async def client(c: int) -> None:
         rng = random.Random(seed * 10_000 + c)
         first_turn = c % MULTI_TURN_TURNS
-        for k in itertools.count():
-            if workload == "multi_turn":
+        while True:
+            if workload.body is None:  # multi_turn
                 await conversation(session, dispatcher, rng, results, 0.0, first_turn, window)
                 first_turn = 0
                 continue
-            body = unique_body(rng, f"closed-{c}-{k}") if workload == "no_sharing" else None
-            body = body or shared_prefix_body(rng, tenants)
+            # progress 0.99: the mix of the open loop's end (tenant_surge: the surge under way)
+            body = workload.body(rng, 0.99)
             results.append(await send(session, dispatcher, "/v1/completions", body, window=window))
 
     tasks = [asyncio.create_task(client(c)) for c in range(clients)]
@@ -521,6 +475,8 @@ class PolicyRun:
     closed_deltas: list[dict[str, float]] = field(default_factory=list)  # engine counters, closed loop
     # output tokens/s of each round's window: their spread shows how far apart two policies must be to differ
     closed_rounds: list[float] = field(default_factory=list)
+    # the open loop's TTFT p90 and p99 of each round: the same for the tail
+    ttft_rounds: list[tuple[float, float]] = field(default_factory=list)
 
 
 def summarise(run: PolicyRun) -> dict[str, float]:
@@ -538,9 +494,12 @@ def summarise(run: PolicyRun) -> dict[str, float]:
     closed_finished = sum(d["vllm:request_success_total"] for d in run.closed_deltas)
     return {
         "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
+        "ttft_p90_s": round(percentile(ttfts, 0.9), 4),
         "ttft_p99_s": round(percentile(ttfts, 0.99), 4),
         "output_tok_s": round(run.closed_tokens / run.closed_elapsed, 1) if run.closed_elapsed else 0.0,
         "output_tok_s_rounds": [round(value, 1) for value in run.closed_rounds],
+        "ttft_p90_s_rounds": [round(p90, 4) for p90, _ in run.ttft_rounds],
+        "ttft_p99_s_rounds": [round(p99, 4) for _, p99 in run.ttft_rounds],
         "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
         "imbalance": round(max(served) / mean, 3) if mean else 0.0,
         "closed_prefix_hit_rate": round(closed_hits / closed_queries, 4) if closed_queries else 0.0,
@@ -575,33 +534,17 @@ class RouterProcess:
                 MODEL,
                 "--log-level",
                 "WARNING",
-                "--default-max-tokens",
-                str(OUTPUT_TOKENS),
                 *TOKENYARD_ARGS,
                 *VARIANTS.get(policy, ()),
             ]
             for i, url in enumerate(engines):
                 args += ["--backend", f"e{i}={url}"]
         else:
-            args = [
-                PY,
-                "-m",
-                "sglang_router.launch_router",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--policy",
-                "cache_aware",
-                "--worker-urls",
-                *engines,
-                "--log-level",
-                "warn",
-                "--prometheus-port",
-                str(free_port()),
-                "--prometheus-host",
-                "127.0.0.1",
-            ]
+            router, _, setting = policy.partition(":")
+            grid = SGLANG_ROUTER_GRID if router == "sglang" else VLLM_ROUTER_GRID
+            args = cache_aware_argv(
+                router, "127.0.0.1", self.port, engines, free_port(), grid[setting], python=PY
+            )
         self.proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     async def ready(self, session: aiohttp.ClientSession, timeout: float = 60) -> None:
@@ -652,18 +595,17 @@ def decode_bound_tok_s(clients: int) -> float:
     deployment = engine_options(TIME_SCALE, KV_BLOCKS).deployment()
     tokenizer = Tokenizer(deployment.model.vocab_size)  # the engines' own token counts
     rng = random.Random(0)
-    tenants = tenant_prompts()
-    samples = [shared_prefix_body(rng, tenants)["prompt"] for _ in range(64)]
+    samples = [shared_prefix_body(rng, tenant_prompts())["prompt"] for _ in range(64)]
     prompt_tokens = sum(len(tokenizer.encode(text)) for text in samples) / len(samples)
     context = round(prompt_tokens + OUTPUT_TOKENS / 2)  # a request's mean context over its decode steps
     batch = clients / ENGINES
     return ENGINES * batch / deployment.decode_step_seconds(batch, context) / TIME_SCALE
 
 
-async def calibrate(session, engines: list[str]) -> float:
-    """Requests/s one engine sustains on the shared-prefix workload (closed loop), times the fleet size."""
+async def calibrate(session, engines: list[str], workload: Workload) -> float:
+    """Requests/s one engine sustains on ``workload``'s requests (closed loop), times the fleet size."""
     dispatcher = Dispatcher("direct", engines[:1], None)
-    requests = shared_prefix_requests(100, 20, seed=99)  # ~2000 prompts, reused in a cycle
+    requests = open_requests(workload, 100, 20, seed=99)  # ~2000 prompts, reused in a cycle
     concurrency, stop_at, done = CALIBRATION_CLIENTS, time.monotonic() + (6 if QUICK else 10), 0
     feed = itertools.cycle(requests)
     await flush_caches(session, engines[:1])
@@ -681,7 +623,14 @@ async def calibrate(session, engines: list[str]) -> float:
 
 
 async def run_slice(
-    session, engines, policy: str, workload: str, rate: float, seconds: float, seed: int, closed_clients: int
+    session,
+    engines,
+    policy: str,
+    workload: Workload,
+    rate: float,
+    seconds: float,
+    seed: int,
+    closed_clients: int,
 ) -> PolicyRun:
     """One policy's share of one round: a fresh router and empty engine caches, the open-loop arrivals of
     this round's seed for ``seconds``, then (when ``closed_clients``) the closed loop, on the caches and the
@@ -695,15 +644,11 @@ async def run_slice(
         dispatcher = Dispatcher(policy, engines, router.url if router else None)
         await flush_caches(session, engines)  # the warm-up request must not leave a cached prefix
         before = await engine_counters(session, engines)
-        if workload == "multi_turn":
+        if workload.body is None:
             results, _ = await run_multi_turn(session, dispatcher, rate, seconds, seed=3 + 100 * seed)
-        elif workload == "no_sharing":
-            results, _ = await run_open_loop(
-                session, dispatcher, unique_requests(rate, seconds, 2 + 100 * seed)
-            )
         else:
             results, _ = await run_open_loop(
-                session, dispatcher, shared_prefix_requests(rate, seconds, 1 + 100 * seed)
+                session, dispatcher, open_requests(workload, rate, seconds, 1 + 100 * seed)
             )
         after = await engine_counters(session, engines)
         closed, closed_tokens, closed_elapsed, closed_deltas = [], 0, 0.0, []
@@ -713,6 +658,7 @@ async def run_slice(
             )
             closed_deltas = counter_deltas(after, await engine_counters(session, engines))
         rounds = [closed_tokens / closed_elapsed] if closed_elapsed else []
+        ttfts = [r.ttft for r in results if r.ok and r.ttft is not None]
         return PolicyRun(
             results,
             counter_deltas(before, after),
@@ -721,6 +667,7 @@ async def run_slice(
             closed_elapsed,
             closed_deltas,
             rounds,
+            [(percentile(ttfts, 0.9), percentile(ttfts, 0.99))],
         )
     finally:
         if router:
@@ -728,7 +675,7 @@ async def run_slice(
 
 
 async def run_workload(
-    session, engines, workload: str, rate: float, closed_clients: int
+    session, engines, workload: Workload, rate: float, closed_clients: int
 ) -> dict[str, PolicyRun]:
     """ROUNDS rounds; in each, every policy gets the same arrivals, in an order rotated round by round, so that
     a burst of load from other processes on the machine falls on all policies alike rather than on one."""
@@ -755,6 +702,7 @@ async def run_workload(
                 seen.closed_results += part.closed_results
                 seen.closed_tokens += part.closed_tokens
                 seen.closed_rounds += part.closed_rounds
+                seen.ttft_rounds += part.ttft_rounds
                 seen.closed_elapsed += part.closed_elapsed
                 seen.closed_deltas = add_deltas(seen.closed_deltas, part.closed_deltas)
     return runs
@@ -832,18 +780,12 @@ async def main() -> None:
         timeout = aiohttp.ClientTimeout(total=300)
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-            capacity = await calibrate(session, engines)
+            capacity = await calibrate(session, engines, ALL_WORKLOADS["shared_prefix_70"])
             print(
                 f"fleet: {ENGINES} x {SIM_MODEL} on {SIM_GPU}, time scale {TIME_SCALE}, {KV_BLOCKS} KV blocks "
                 f"each; shared-prefix capacity ~{capacity:.1f} req/s",
                 flush=True,
             )
-            levels = {
-                "shared_prefix_70": 0.70,
-                "shared_prefix_95": 0.95,
-                "no_sharing": 0.70,
-                "multi_turn": 0.70,
-            }
             results: dict[str, dict[str, dict[str, float]]] = {}
             print(
                 f"TTFT, hit rate and imbalance: open loop (Poisson arrivals at the rate shown), {ROUNDS} rounds "
@@ -853,17 +795,25 @@ async def main() -> None:
                 flush=True,
             )
             header = (
-                f"{'workload':<18}{'policy':<20}{'rate/s':>7}{'clients':>8}{'ttft p50 s':>11}{'ttft p99 s':>11}"
+                f"{'workload':<18}{'policy':<20}{'rate/s':>7}{'clients':>8}{'ttft p50 s':>11}{'ttft p90 s':>11}"
+                f"{'ttft p99 s':>11}"
                 f"{'out tok/s':>10}{'hit rate':>9}{'imbal':>7}{'errors':>7}{'closed hits':>12}{'preempt%':>9}"
-                "  tok/s by round"
+                "  tok/s by round; ttft p99 by round"
             )
             print(header, flush=True)
-            for workload, level in levels.items():
-                if workload not in WORKLOADS:
-                    continue
-                rate = level * capacity
-                clients = closed_clients(level)
-                runs = await run_workload(session, engines, workload, rate, clients)
+            announced_held_out = False
+            for name in WORKLOADS:
+                spec = ALL_WORKLOADS[name]
+                own = await calibrate(session, engines, spec) if spec.own_calibration else capacity
+                if spec.own_calibration:
+                    print(f"{name}: capacity on its own requests ~{own:.1f} req/s", flush=True)
+                if not spec.tuning and not announced_held_out:
+                    announced_held_out = True
+                    print("held-out families (the defaults were not chosen on these):", flush=True)
+                rate = spec.level * own
+                clients = closed_clients(spec.level)
+                runs = await run_workload(session, engines, spec, rate, clients)
+                workload = name
                 bound = decode_bound_tok_s(clients) if workload.startswith("shared_prefix") else None
                 results[workload] = {}
                 for policy in POLICIES:
@@ -873,10 +823,13 @@ async def main() -> None:
                     results[workload][policy] = figures
                     print(
                         f"{workload:<18}{policy:<20}{rate:>7.1f}{clients:>8}{figures['ttft_p50_s']:>11.3f}"
+                        f"{figures['ttft_p90_s']:>11.3f}"
                         f"{figures['ttft_p99_s']:>11.3f}{figures['output_tok_s']:>10.0f}"
                         f"{figures['prefix_hit_rate']:>9.3f}{figures['imbalance']:>7.2f}{figures['errors']:>7}"
                         f"{figures['closed_prefix_hit_rate']:>12.3f}{figures['closed_preemptions']:>9.1f}  "
-                        + " ".join(f"{value:.0f}" for value in figures["output_tok_s_rounds"]),
+                        + " ".join(f"{value:.0f}" for value in figures["output_tok_s_rounds"])
+                        + "; "
+                        + " ".join(f"{value:.2f}" for value in figures["ttft_p99_s_rounds"]),
                         flush=True,
                     )
                 if bound:
@@ -889,12 +842,13 @@ async def main() -> None:
                         f"(decode_bound_tok_s: every prompt cached, even batches, no wait); reached: {shares}",
                         flush=True,
                     )
-            results["overhead"] = await overhead(session, engines)
-            o = results["overhead"]
-            print(
-                f"router overhead: +{o['added_p50_ms']} ms p50, +{o['added_p99_ms']} ms p99 per request; "
-                f"one router process sustains {o['max_rps']} req/s (load generator on the same 2 cores)"
-            )
+            if os.environ.get("BENCH_OVERHEAD", "1") != "0":  # "0": quick experiments on a few workloads
+                results["overhead"] = await overhead(session, engines)
+                o = results["overhead"]
+                print(
+                    f"router overhead: +{o['added_p50_ms']} ms p50, +{o['added_p99_ms']} ms p99 per request; "
+                    f"one router process sustains {o['max_rps']} req/s (load generator on the same 2 cores)"
+                )
     finally:
         stop_process(host, timeout=15)
     print(json.dumps({"bench": "router", "results": results}))

@@ -98,6 +98,7 @@ class Exchange:
         if pair is not None:
             self.join_pair(pair)
         self._broken = False
+        self._usage_seen = False
         self._decoder = StreamDecoder()
         self._inter_token: Any = None  # the labelled inter-token histogram, looked up once per exchange
 
@@ -143,6 +144,10 @@ class Exchange:
                 if last_error is not None and error.status == 503:
                     raise last_error from None  # nothing else to try: report what went wrong
                 raise
+            if (
+                tried
+            ):  # a retry happens only once another replica took it: counted against the one that failed
+                forwarder.metrics.retries.labels(route.model, tried[-1]).inc()
             tried.append(route.endpoint.name)
             endpoint = route.endpoint
             try:
@@ -158,8 +163,6 @@ class Exchange:
                 last_error = RoutingError(
                     502, f"replica {endpoint.name} ({endpoint.url}) is unreachable", attempted=True
                 )
-                if attempt < forwarder.max_attempts:
-                    forwarder.metrics.retries.labels(route.model, endpoint.name).inc()
                 continue
             except BaseException:
                 forwarder.state.ledger.close(route.ticket)
@@ -168,7 +171,6 @@ class Exchange:
                 response.release()
                 forwarder.state.ledger.close(route.ticket)
                 forwarder.replica_failed(endpoint.name, f"{endpoint.url} answered 503 before the first byte")
-                forwarder.metrics.retries.labels(route.model, endpoint.name).inc()
                 last_error = RoutingError(
                     503, f"replica {endpoint.name} is unavailable (503)", attempted=True
                 )
@@ -237,6 +239,8 @@ class Exchange:
         if self.text is not None:
             for event in events:
                 self.text.add(event)
+        if not self._usage_seen and not self.shadow:
+            self._learn_prompt_tokens(events)
         if whole or any(event.carries_token for event in events):
             now = self.forwarder.clock()
             if self.first_token_at is None:
@@ -255,6 +259,24 @@ class Exchange:
             self.last_token_at = now
         if self.first_token_at is not None and not whole:
             self.forwarder.state.ledger.generated(route.ticket, len(events))
+
+    def _learn_prompt_tokens(self, events: list[ResponseEvent]) -> None:
+        """The engine's count of the prompt's tokens (its answer's usage, once) teaches the router how many
+        bytes make a token for this model (token_ratio). Found by a byte search first: usage comes once, in
+        the last event of a stream, and decoding every event to look for it would cost the relay."""
+        for event in events:
+            if b'"prompt_tokens"' not in event.data:
+                continue
+            try:
+                usage = event.usage
+            except StreamDecodeError:
+                return
+            tokens = usage.get("prompt_tokens") if usage else None
+            if isinstance(tokens, int) and not isinstance(tokens, bool):
+                self._usage_seen = True
+                prompt_bytes = len(self.request.prompt.encode("utf-8", "surrogatepass"))
+                self.forwarder.state.learn_prompt_tokens(self.request.model, prompt_bytes, tokens)
+            return
 
     # --- leaving: release and record ---------------------------------------------------------------------
 
@@ -293,7 +315,12 @@ class Exchange:
         elapsed = self.forwarder.clock() - self.started
         labels = (route.namespace, route.model, route.revision)
         if self.shadow:
-            outcome = "ok" if self.ending is Ending.SUCCESS else "error"
+            # A copy cut short by the router (its shutdown, a bug) says nothing of the revision: the canary
+            # analysis reads outcome="error" as the shadow revision's errors, so it is counted apart.
+            if self.ending.judges_replica:
+                outcome = "ok" if self.ending is Ending.SUCCESS else "error"
+            else:
+                outcome = "abandoned"
             metrics.shadow_requests.labels(*labels, outcome).inc()
             metrics.shadow_duration.labels(*labels).observe(elapsed)
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import sys
 from array import array
 from collections import OrderedDict
@@ -34,7 +35,9 @@ class PromptBlocks:
     """The chained hashes of a prompt's full blocks, and how many tokens one block stands for."""
 
     hashes: tuple[int, ...]
-    tokens_per_block: int
+    # Exact with a tokenizer; without one, a block of characters stands for block chars / bytes per token
+    # tokens (the learned ratio, see token_ratio), which need not be a whole number.
+    tokens_per_block: float
     prompt_tokens: int  # the whole prompt, full blocks or not
 
 
@@ -64,9 +67,14 @@ def hash_prompt(
     block_size: int = DEFAULT_BLOCK_SIZE,
     tokenizer: Tokenizer | None = None,
     chars_per_token: int = DEFAULT_CHARS_PER_TOKEN,
+    bytes_per_token: float | None = None,
 ) -> PromptBlocks:
     """Chained hashes of the full blocks of ``text``; block i's hash covers blocks 0..i, so equal hashes mean
-    equal prefixes. A trailing partial block is not hashed: engines cache full blocks only."""
+    equal prefixes. A trailing partial block is not hashed: engines cache full blocks only.
+
+    Without a tokenizer a block is ``block_size * chars_per_token`` bytes (a fixed geometry: the hashes, and
+    the index built from them, must not change with an estimate), and the prompt's tokens are its bytes over
+    ``bytes_per_token`` (the learned ratio; ``chars_per_token`` when not given)."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     hashes: list[int] = []
@@ -83,12 +91,14 @@ def hash_prompt(
     for start in range(0, len(data) - block_chars + 1, block_chars):
         parent = _chain(parent, data[start : start + block_chars])
         hashes.append(parent)
-    return PromptBlocks(tuple(hashes), block_size, estimate_tokens(text, chars_per_token))
+    ratio = float(bytes_per_token or chars_per_token)
+    return PromptBlocks(tuple(hashes), block_chars / ratio, math.ceil(len(data) / ratio))
 
 
-def private_blocks(full_prompt_blocks: int, prompt_tokens: int, output_tokens: int, block_size: int) -> int:
-    """Blocks a request fills beyond its prompt's full blocks: ceil((prompt + output) / block size) minus them."""
-    total = -(-(prompt_tokens + output_tokens) // block_size)
+def private_blocks(full_prompt_blocks: int, prompt_tokens: int, output_tokens: int, block_size: float) -> int:
+    """Blocks a request fills beyond its prompt's full blocks: ceil((prompt + output) / block size) minus them
+    (``block_size`` in tokens, a fraction for character blocks)."""
+    total = math.ceil((prompt_tokens + output_tokens) / block_size)
     return max(0, total - full_prompt_blocks)
 
 

@@ -36,6 +36,7 @@ from tokenyard.router.prefix import (
     hash_prompt,
     private_blocks,
 )
+from tokenyard.router.token_ratio import BytesPerToken
 from tokenyard.router.tokenizing import TokenizerCache
 
 # The smallest block the prefix index hashes. vLLM's blocks (8, 16, 32, ... tokens) are used as they are;
@@ -43,6 +44,9 @@ from tokenyard.router.tokenizing import TokenizerCache
 # the index as large as the prompts, so a smaller page is grouped into whole pages of at least
 # DEFAULT_BLOCK_SIZE tokens (a match is then at most one such block shorter than the engine's).
 MIN_ROUTING_BLOCK_TOKENS = 8
+
+
+DEFAULT_CAPACITY_TOKENS = DEFAULT_CAPACITY_BLOCKS * DEFAULT_BLOCK_SIZE  # until a replica reports its own
 
 
 def routing_block_size(engine_block: int | None) -> int:
@@ -114,6 +118,10 @@ class RouterState:
         self.ledger = LoadLedger()
         self.failures = FailureTracker(self.settings.ejection)
         self.index = PrefixIndex(DEFAULT_CAPACITY_BLOCKS, self.settings.prefix_max_age_s)
+        # KV capacity in tokens per replica, as its /metrics report it; the index's capacity in its own blocks
+        # follows from it at each decision (a character block's size in tokens is learned, see token_ratio).
+        self.kv_capacity_tokens: dict[str, int] = {}
+        self.bytes_per_token: dict[str, BytesPerToken] = {}  # per model: its tokenizer is its own
         self.stats: dict[str, EngineStats] = {}
         # Replicas whose health probes failed (scrape.EngineProber: /health and nothing else; /metrics never
         # makes a replica unreachable). The "healthy" filter drops them.
@@ -136,6 +144,7 @@ class RouterState:
             self.index.forget(endpoint.name)
             self.failures.forget(endpoint.name)
             self.stats.pop(endpoint.name, None)
+            self.kv_capacity_tokens.pop(endpoint.name, None)
             self.unreachable.discard(endpoint.name)
         return gone
 
@@ -155,10 +164,20 @@ class RouterState:
 
     def record_stats(self, replica: str, stats: EngineStats) -> None:
         self.stats[replica] = stats
-        block = routing_block_size(stats.block_size)
-        capacity = stats.kv_capacity_tokens // block if stats.kv_capacity_tokens else stats.num_gpu_blocks
-        if capacity:
-            self.index.set_capacity(replica, capacity)
+        if stats.kv_capacity_tokens:
+            self.kv_capacity_tokens[replica] = stats.kv_capacity_tokens
+        elif stats.num_gpu_blocks:
+            self.kv_capacity_tokens[replica] = stats.num_gpu_blocks * routing_block_size(stats.block_size)
+
+    def ratio_for(self, model: str) -> BytesPerToken:
+        ratio = self.bytes_per_token.get(model)
+        if ratio is None:
+            ratio = self.bytes_per_token[model] = BytesPerToken(float(self.settings.chars_per_token))
+        return ratio
+
+    def learn_prompt_tokens(self, model: str, prompt_bytes: int, prompt_tokens: int) -> None:
+        """An engine counted ``prompt_tokens`` for a prompt of ``prompt_bytes`` bytes (its answer's usage)."""
+        self.ratio_for(model).observe(prompt_bytes, prompt_tokens)
 
     def forget_signals(self, replica: str) -> None:
         """The replica's /metrics could not be read: its scraped signals are unknown from now on, exactly as
@@ -241,13 +260,18 @@ class RouterState:
         blocks_by_size: dict[int, PromptBlocks] = {}
         matches: dict[str, int] = {}
         tokenizer = self.tokenizer_for(view)
+        bytes_per_token = None if tokenizer else self.ratio_for(model).value
         for snap in snapshots:
             blocks = blocks_by_size.get(snap.block_size)
             if blocks is None:
-                blocks = hash_prompt(prompt, snap.block_size, tokenizer, self.settings.chars_per_token)
+                blocks = hash_prompt(
+                    prompt, snap.block_size, tokenizer, self.settings.chars_per_token, bytes_per_token
+                )
                 blocks_by_size[snap.block_size] = blocks
+            capacity_tokens = self.kv_capacity_tokens.get(snap.name, DEFAULT_CAPACITY_TOKENS)
+            self.index.set_capacity(snap.name, round(capacity_tokens / blocks.tokens_per_block))
             matched_blocks = self.index.match_blocks(snap.name, blocks.hashes, now)
-            matches[snap.name] = min(blocks.prompt_tokens, matched_blocks * blocks.tokens_per_block)
+            matches[snap.name] = min(blocks.prompt_tokens, round(matched_blocks * blocks.tokens_per_block))
         any_blocks = next(iter(blocks_by_size.values()))
         request.prompt_tokens = any_blocks.prompt_tokens
         request.prefix_match_tokens = matches
@@ -266,7 +290,8 @@ class RouterState:
         match = matches[chosen.name]
         ticket = self.ledger.open(chosen.name, max(0, request.prompt_tokens - match), max_tokens)
         hashes = blocks_by_size[chosen.block_size].hashes
-        private = private_blocks(len(hashes), request.prompt_tokens, max_tokens, chosen.block_size)
+        tokens_per_block = blocks_by_size[chosen.block_size].tokens_per_block
+        private = private_blocks(len(hashes), request.prompt_tokens, max_tokens, tokens_per_block)
         self.index.insert(chosen.name, hashes, now, private)
         if self.publish_prefixes and (hashes or private):
             self.prefix_outbox.append((chosen.name, hashes, private))

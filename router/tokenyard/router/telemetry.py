@@ -117,7 +117,7 @@ class RouterMetrics:
         )
         self.shadow_requests = Counter(
             "tokenyard_router_shadow_requests_total",
-            "Shadow copies sent, by revision and outcome (ok, error, dropped).",
+            "Shadow copies sent, by revision and outcome (ok, error, dropped; abandoned: cut short by the router).",
             ["namespace", "model", "revision", "outcome"],
             registry=r,
         )

@@ -676,7 +676,22 @@ class SimEngine:
         if n != 1:
             raise ApiError(400, f"only n=1 is supported, got n={n}", param="n")
         if kind == "chat":
-            prompt_ids = self.tokenizer.encode(_chat_prompt(body.get("messages")))
+            # vLLM's ChatCompletionRequest takes the same template flags as /tokenize (same defaults)
+            add_generation_prompt = _get(body, "add_generation_prompt", bool, True)
+            continue_final_message = _get(body, "continue_final_message", bool, False)
+            if add_generation_prompt and continue_final_message:
+                raise ApiError(
+                    400,
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                    param="continue_final_message",
+                )
+            prompt_ids = self.tokenizer.encode(
+                _chat_prompt(
+                    body.get("messages"),
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message,
+                )
+            )
             max_tokens = _get(body, "max_completion_tokens", int, None)
             if max_tokens is None:
                 max_tokens = _get(body, "max_tokens", int, None)
@@ -786,39 +801,93 @@ class SimEngine:
     async def handle_version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": VLLM_VERSION})
 
+    # --- /tokenize and /detokenize ---------------------------------------------------------------------------
+    # As vLLM v0.13.0 serves them, read in the source of the vllm 0.13.0 wheel:
+    # vllm/entrypoints/serve/tokenize/{api_router,serving}.py and the TokenizeCompletionRequest /
+    # TokenizeChatRequest / TokenizeResponse / DetokenizeRequest / DetokenizeResponse models of
+    # vllm/entrypoints/openai/protocol.py (the user doc: "Tokenizer API" in serving/openai_compatible_server.md,
+    # which points to those models). Request: {"model"?, "prompt", "add_special_tokens"
+    # (default true), "return_token_strs"} or {"model"?, "messages", "add_generation_prompt" (default true),
+    # "continue_final_message" (default false; not both), "add_special_tokens" (default false),
+    # "return_token_strs", ...}; response {"count", "max_model_len", "tokens", "token_strs"} (token_strs null
+    # unless asked for). /detokenize: {"model"?, "tokens"} -> {"prompt"}. Errors are ErrorResponse JSON: an unknown
+    # model is 404 "NotFoundError" (OpenAIServing._check_model); a body that fails validation, or a request
+    # that is not application/json, is 400 with type "Bad Request" (api_server's RequestValidationError handler);
+    # a prompt that cannot be rendered is 400 "BadRequestError". No length check: vLLM's _validate_input skips
+    # the context-window check for these requests. The sim's tokenizer has no special tokens (no BOS), so
+    # add_special_tokens changes nothing, and the ids are exactly those the engine counts for the same
+    # prompt or messages on /v1/completions and /v1/chat/completions.
     async def handle_tokenize(self, request: web.Request) -> web.Response:
         try:
-            body = await _json_body(request)
+            body = await _vllm_json_body(request)
+            self._check_model_vllm(body)
+            return_token_strs = _pydantic_bool(body, "return_token_strs", False)
             if "messages" in body:
-                text = _chat_prompt(body["messages"])
-            elif isinstance(body.get("prompt"), str):
+                add_generation_prompt = _pydantic_bool(body, "add_generation_prompt", True)
+                continue_final_message = _pydantic_bool(body, "continue_final_message", False)
+                _pydantic_bool(body, "add_special_tokens", False)
+                if add_generation_prompt and continue_final_message:
+                    raise _validation_error(
+                        "Value error, Cannot set both `continue_final_message` and `add_generation_prompt` "
+                        "to True.",
+                    )
+                messages = body["messages"]
+                if not isinstance(messages, list):
+                    raise _validation_error("messages: Input should be a valid list")
+                try:
+                    text = _chat_prompt(
+                        messages,
+                        add_generation_prompt=add_generation_prompt,
+                        continue_final_message=continue_final_message,
+                        allow_empty=True,
+                    )
+                except ApiError as e:  # vLLM: a malformed message fails the request's validation
+                    raise _validation_error(e.message) from e
+            elif "prompt" in body:
+                _pydantic_bool(body, "add_special_tokens", True)
+                if not isinstance(body["prompt"], str):
+                    raise _validation_error("prompt: Input should be a valid string")
                 text = body["prompt"]
             else:
-                raise ApiError(400, "give either prompt (a string) or messages", param="prompt")
+                raise _validation_error("Field required: give `prompt` (a string) or `messages` (a list)")
         except ApiError as e:
             return e.response(self.personality)
         ids = self.tokenizer.encode(text)
-        token_strs = [self.tokenizer.token_str(t) for t in ids] if body.get("return_token_strs") else None
         return web.json_response(
             {
                 "count": len(ids),
                 "max_model_len": self.core.config.max_model_len,
                 "tokens": ids,
-                "token_strs": token_strs,
+                "token_strs": [self.tokenizer.token_str(t) for t in ids] if return_token_strs else None,
             }
         )
 
     async def handle_detokenize(self, request: web.Request) -> web.Response:
         try:
-            body = await _json_body(request)
-            tokens = body.get("tokens")
+            body = await _vllm_json_body(request)
+            self._check_model_vllm(body)
+            if "tokens" not in body:
+                raise _validation_error("tokens: Field required")
+            tokens = body["tokens"]
             if not isinstance(tokens, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) for t in tokens
             ):
-                raise ApiError(400, "tokens must be a list of integers", param="tokens")
+                raise _validation_error("tokens: Input should be a valid list of integers")
+            vocab = self.tokenizer.vocab_size
+            bad = [t for t in tokens if not 0 <= t < vocab]
+            if bad:  # vLLM: the tokenizer's OverflowError becomes a validation error (400)
+                raise _validation_error(f"token id {bad[0]} is out of vocabulary (size {vocab})")
         except ApiError as e:
             return e.response(self.personality)
         return web.json_response({"prompt": self.tokenizer.decode(tokens)})
+
+    def _check_model_vllm(self, body: dict[str, Any]) -> None:
+        """vLLM's OpenAIServing._check_model: no model (or an empty one) means the served model."""
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise _validation_error("model: Input should be a valid string")
+        if model and model not in self.model_names:
+            raise ApiError(404, f"The model `{model}` does not exist.", kind="NotFoundError")
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         accept_encoding = request.headers.get("Accept-Encoding")
@@ -934,6 +1003,39 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def _validation_error(message: str) -> ApiError:
+    """What vLLM's RequestValidationError handler answers: 400, type "Bad Request" (HTTPStatus phrase)."""
+    return ApiError(400, message, kind="Bad Request")
+
+
+async def _vllm_json_body(request: web.Request) -> dict[str, Any]:
+    """The body of a vLLM endpoint guarded by validate_json_request (vllm/entrypoints/openai/utils.py)."""
+    if request.content_type != "application/json":
+        raise _validation_error("Unsupported Media Type: Only 'application/json' is allowed")
+    try:
+        return await _json_body(request)
+    except ApiError as e:
+        raise _validation_error(e.message) from e
+
+
+_TRUE = {"1", "on", "t", "true", "y", "yes"}
+_FALSE = {"0", "off", "f", "false", "n", "no"}
+
+
+def _pydantic_bool(body: dict[str, Any], key: str, default: bool) -> bool:
+    """A bool field as pydantic's lax mode reads JSON: true/false, 0/1, or one of its yes/no strings."""
+    value = body.get(key, default)
+    if value is None and key == "return_token_strs":  # declared `bool | None`
+        return False
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise _validation_error(f"{key}: Input should be a valid boolean")
+
+
 def _get(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:
     value = body.get(key, default)
     if value is None:
@@ -953,9 +1055,20 @@ def _stops(stop: Any) -> tuple[str, ...]:
     raise ApiError(400, "stop must be a string or a list of strings", param="stop")
 
 
-def _chat_prompt(messages: Any) -> str:
-    """A plain chat template: `<|role|>` headers, then the generation prompt for the assistant."""
-    if not isinstance(messages, list) or not messages:
+def _chat_prompt(
+    messages: Any,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    allow_empty: bool = False,
+) -> str:
+    """A plain chat template: `<|role|>` headers, then the generation prompt for the assistant.
+
+    As a Hugging Face chat template renders with vLLM's flags: `add_generation_prompt=False` leaves the
+    assistant header out; `continue_final_message=True` leaves the last message open (no closing newline) so
+    the model continues it.
+    """
+    if not isinstance(messages, list) or (not messages and not allow_empty):
         raise ApiError(400, "messages must be a non-empty list", param="messages")
     parts = []
     for i, message in enumerate(messages):
@@ -973,5 +1086,8 @@ def _chat_prompt(messages: Any) -> str:
                 400, f"messages[{i}].content must be a string or a list of parts", param="messages"
             )
         parts.append(f"<|{message['role']}|>\n{content}\n")
-    parts.append("<|assistant|>\n")
+    if continue_final_message and parts:
+        parts[-1] = parts[-1][:-1]
+    elif add_generation_prompt:
+        parts.append("<|assistant|>\n")
     return "".join(parts)

@@ -170,7 +170,7 @@ async def test_gzip_metrics_are_read_and_the_engine_was_asked_for_gzip(engine, s
     assert "gzip" in engine.accept_encodings[-1]
     stats = state.stats["e0"]
     assert (stats.waiting, stats.kv_usage, stats.block_size, stats.kv_capacity_tokens) == (3.0, 0.5, 32, 3200)
-    assert state.index.replica("e0").capacity_blocks == 100
+    assert state.kv_capacity_tokens["e0"] == 3200
 
 
 async def test_unreadable_metrics_never_stop_traffic_and_warn_once_per_streak(engine, session, caplog):

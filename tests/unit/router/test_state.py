@@ -42,6 +42,7 @@ def test_stale_engine_stats_are_unknown_not_zero():
     state = state_with([Endpoint("a", "http://a")])
     state.record_stats("a", parse_engine_metrics(VLLM_METRICS, scraped_at=0.0))
     assert state.snapshot(state.models["m"].endpoints[0], now=1.0).queue_waiting == 3.0
+    state.route("m", PROMPT, 1, now=1.0)  # the index takes the capacity at the next decision
     assert state.index.replica("a").capacity_blocks == 1234
     stale = state.snapshot(state.models["m"].endpoints[0], now=100.0)
     assert stale.queue_waiting is None and stale.kv_usage is None
@@ -69,9 +70,11 @@ def test_routing_blocks_follow_the_engine_block_or_group_small_pages():
 def test_sglang_capacity_in_tokens_sizes_the_prefix_index_in_routing_blocks():
     state = state_with([Endpoint("a", "http://a")])
     state.record_stats("a", EngineStats(scraped_at=0.0, block_size=1, kv_capacity_tokens=227604))
-    assert state.index.replica("a").capacity_blocks == 227604 // 16
+    state.route("m", PROMPT, 1, now=0.0)
+    assert state.index.replica("a").capacity_blocks == round(227604 / 16)
     assert state.snapshot(state.models["m"].endpoints[0], now=0.0).block_size == 16
     state.record_stats("a", EngineStats(scraped_at=0.0, block_size=32, num_gpu_blocks=500))
+    state.route("m", PROMPT, 1, now=0.0)
     assert state.index.replica("a").capacity_blocks == 500  # capacity in blocks only (no token figure)
 
 

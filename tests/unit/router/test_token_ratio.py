@@ -1,0 +1,60 @@
+"""The bytes-per-token ratio the router learns from engines' usage, and what it changes in a decision."""
+
+from tokenyard.router.discovery import Endpoint, ModelView
+from tokenyard.router.enginestats import EngineStats
+from tokenyard.router.prefix import hash_prompt
+from tokenyard.router.state import RouterState
+from tokenyard.router.token_ratio import PRIOR_TOKENS, BytesPerToken
+
+
+def test_the_prior_holds_until_usage_arrives_then_the_observed_ratio_wins():
+    ratio = BytesPerToken(prior=4.0)
+    assert ratio.value == 4.0
+    ratio.observe(prompt_bytes=7_000, prompt_tokens=1_000)
+    assert 4.0 < ratio.value < 7.0  # one prompt of 1,000 tokens against a prior worth PRIOR_TOKENS
+    for _ in range(40):
+        ratio.observe(prompt_bytes=7_000, prompt_tokens=1_000)
+    assert abs(ratio.value - 7.0) < 7.0 * PRIOR_TOKENS / 40_000
+    ratio.observe(prompt_bytes=0, prompt_tokens=0)  # an answer without usage teaches nothing
+    assert ratio.observations == 41
+
+
+def test_the_ratio_follows_a_change_of_prompt_mix_and_stays_in_bounds():
+    ratio = BytesPerToken(prior=4.0)
+    for _ in range(100):
+        ratio.observe(7_000, 1_000)
+    for _ in range(4_000):  # 4M tokens later, at 3 bytes per token: two half-lives
+        ratio.observe(3_000, 1_000)
+    assert 3.0 < ratio.value < 3.5
+    wild = BytesPerToken(prior=4.0)
+    wild.observe(10**9, 1)
+    assert wild.value == 32.0
+
+
+def test_character_blocks_count_tokens_by_the_learned_ratio_with_the_same_hashes():
+    text = "word " * 400  # 2,000 bytes
+    guessed = hash_prompt(text, 16, None, chars_per_token=4)
+    learned = hash_prompt(text, 16, None, chars_per_token=4, bytes_per_token=8.0)
+    assert guessed.hashes == learned.hashes  # the index keeps working when the estimate moves
+    assert (guessed.prompt_tokens, learned.prompt_tokens) == (500, 250)
+    assert (guessed.tokens_per_block, learned.tokens_per_block) == (16.0, 8.0)
+
+
+def test_a_learned_ratio_resizes_the_index_and_the_load_of_a_decision():
+    state = RouterState()
+    state.set_models({"m": ModelView("m", [Endpoint("a", "http://a")])})
+    state.record_stats("a", EngineStats(scraped_at=0.0, block_size=16, num_gpu_blocks=2048))
+    prompt = "x" * 8_000
+    before = state.route("m", prompt, 10, now=0.0)
+    assert before.prompt_tokens == 2_000
+    assert state.index.replica("a").capacity_blocks == 2048  # 64-byte blocks of 16 guessed tokens
+    state.ledger.close(before.ticket)
+    for _ in range(200):
+        state.learn_prompt_tokens("m", 8_000, 1_000)  # the engine says: 8 bytes per token
+    after = state.route("m", prompt + "y", 10, now=1.0)
+    assert 1_000 <= after.prompt_tokens <= 1_050
+    # a 64-byte block now stands for ~8 tokens: twice as many of them fit the engine's 32,768 tokens
+    assert 4_000 <= state.index.replica("a").capacity_blocks <= 4_200
+    learned = state.bytes_per_token["m"].value
+    assert 7.8 < learned < 8.0  # the prior still weighs a little
+    assert after.prefix_match_tokens == round(125 * 64 / learned)  # all 125 blocks cached, ~8 tokens each
