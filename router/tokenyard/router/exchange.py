@@ -98,7 +98,9 @@ class Exchange:
         if pair is not None:
             self.join_pair(pair)
         self._broken = False
-        self._usage_seen = False
+        # Output tokens: as the engine's usage counts them when it reports it, else the events that carried text
+        self.usage_output_tokens: int | None = None
+        self.output_events = 0
         self._decoder = StreamDecoder()
         self._inter_token: Any = None  # the labelled inter-token histogram, looked up once per exchange
 
@@ -232,16 +234,18 @@ class Exchange:
     def _account(self, events: list[ResponseEvent], whole: bool) -> None:
         """Accounts for what was relayed. Time to first token is taken at the first event that carries
         generated text (or at the whole body of a non-streamed answer, ``whole``); the gaps between later
-        reads that carry text are the inter-token latencies. Each event releases one decode token of the
-        ticket (one event ~ one token, as engines stream)."""
+        reads that carry text are the inter-token latencies. Each event that carries text releases one decode
+        token of the ticket (one event ~ one token, as engines stream)."""
         route = self.route
         assert route is not None
         if self.text is not None:
             for event in events:
                 self.text.add(event)
-        if not self._usage_seen and not self.shadow:
-            self._learn_prompt_tokens(events)
-        if whole or any(event.carries_token for event in events):
+        if self.usage_output_tokens is None and not self.shadow:
+            self._read_usage(events)
+        carrying = len(events) if whole else sum(event.carries_token for event in events)
+        self.output_events += carrying
+        if carrying:
             now = self.forwarder.clock()
             if self.first_token_at is None:
                 self.first_token_at = now
@@ -257,13 +261,14 @@ class Exchange:
                     )
                 self._inter_token.observe(now - self.last_token_at)
             self.last_token_at = now
-        if self.first_token_at is not None and not whole:
-            self.forwarder.state.ledger.generated(route.ticket, len(events))
+        if carrying and not whole:
+            self.forwarder.state.ledger.generated(route.ticket, carrying)
 
-    def _learn_prompt_tokens(self, events: list[ResponseEvent]) -> None:
-        """The engine's count of the prompt's tokens (its answer's usage, once) teaches the router how many
-        bytes make a token for this model (token_ratio). Found by a byte search first: usage comes once, in
-        the last event of a stream, and decoding every event to look for it would cost the relay."""
+    def _read_usage(self, events: list[ResponseEvent]) -> None:
+        """The engine's usage (once per answer): its count of the prompt's tokens teaches the router how many
+        bytes make a token for this model (learned_sizes); its count of output tokens is kept for the end.
+        Found by a byte search first: usage comes once, in the last event of a stream, and decoding every
+        event to look for it would cost the relay."""
         for event in events:
             if b'"prompt_tokens"' not in event.data:
                 continue
@@ -271,11 +276,13 @@ class Exchange:
                 usage = event.usage
             except StreamDecodeError:
                 return
-            tokens = usage.get("prompt_tokens") if usage else None
-            if isinstance(tokens, int) and not isinstance(tokens, bool):
-                self._usage_seen = True
+            prompt_tokens = usage.get("prompt_tokens") if usage else None
+            output_tokens = usage.get("completion_tokens") if usage else None
+            if _is_count(prompt_tokens):
                 prompt_bytes = len(self.request.prompt.encode("utf-8", "surrogatepass"))
-                self.forwarder.state.learn_prompt_tokens(self.request.model, prompt_bytes, tokens)
+                self.forwarder.state.learn_prompt_tokens(self.request.model, prompt_bytes, prompt_tokens)
+            if _is_count(output_tokens):
+                self.usage_output_tokens = output_tokens
             return
 
     # --- leaving: release and record ---------------------------------------------------------------------
@@ -314,6 +321,11 @@ class Exchange:
         route, metrics = self.route, self.forwarder.metrics
         elapsed = self.forwarder.clock() - self.started
         labels = (route.namespace, route.model, route.revision)
+        if self.ending is Ending.SUCCESS and not self.shadow:
+            produced = (
+                self.usage_output_tokens if self.usage_output_tokens is not None else self.output_events
+            )
+            self.forwarder.state.learn_output_tokens(self.request.model, produced)
         if self.shadow:
             # A copy cut short by the router (its shutdown, a bug) says nothing of the revision: the canary
             # analysis reads outcome="error" as the shadow revision's errors, so it is counted apart.
@@ -347,3 +359,7 @@ class Exchange:
         self.forwarder.metrics.shadow_requests.labels(*labels, "error").inc()
         self.forwarder.metrics.shadow_duration.labels(*labels).observe(self.forwarder.clock() - self.started)
         self.forwarder.end_pair(pair, SHADOW, False, None)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

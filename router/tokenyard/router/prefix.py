@@ -36,7 +36,7 @@ class PromptBlocks:
 
     hashes: tuple[int, ...]
     # Exact with a tokenizer; without one, a block of characters stands for block chars / bytes per token
-    # tokens (the learned ratio, see token_ratio), which need not be a whole number.
+    # tokens (the learned ratio, see learned_sizes), which need not be a whole number.
     tokens_per_block: float
     prompt_tokens: int  # the whole prompt, full blocks or not
 

@@ -26,6 +26,7 @@ from tokenyard.router.core import (
 )
 from tokenyard.router.discovery import Endpoint, ModelView
 from tokenyard.router.enginestats import EngineStats
+from tokenyard.router.learned_sizes import BytesPerToken, OutputLength
 from tokenyard.router.prefix import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CAPACITY_BLOCKS,
@@ -36,7 +37,6 @@ from tokenyard.router.prefix import (
     hash_prompt,
     private_blocks,
 )
-from tokenyard.router.token_ratio import BytesPerToken
 from tokenyard.router.tokenizing import TokenizerCache
 
 # The smallest block the prefix index hashes. vLLM's blocks (8, 16, 32, ... tokens) are used as they are;
@@ -119,9 +119,10 @@ class RouterState:
         self.failures = FailureTracker(self.settings.ejection)
         self.index = PrefixIndex(DEFAULT_CAPACITY_BLOCKS, self.settings.prefix_max_age_s)
         # KV capacity in tokens per replica, as its /metrics report it; the index's capacity in its own blocks
-        # follows from it at each decision (a character block's size in tokens is learned, see token_ratio).
+        # follows from it at each decision (a character block's size in tokens is learned, see learned_sizes).
         self.kv_capacity_tokens: dict[str, int] = {}
         self.bytes_per_token: dict[str, BytesPerToken] = {}  # per model: its tokenizer is its own
+        self.output_lengths: dict[str, OutputLength] = {}  # per model
         self.stats: dict[str, EngineStats] = {}
         # Replicas whose health probes failed (scrape.EngineProber: /health and nothing else; /metrics never
         # makes a replica unreachable). The "healthy" filter drops them.
@@ -174,6 +175,13 @@ class RouterState:
         if ratio is None:
             ratio = self.bytes_per_token[model] = BytesPerToken(float(self.settings.chars_per_token))
         return ratio
+
+    def output_length_for(self, model: str) -> OutputLength:
+        return self.output_lengths.setdefault(model, OutputLength())
+
+    def learn_output_tokens(self, model: str, output_tokens: int) -> None:
+        """A request of ``model`` ended well after ``output_tokens`` output tokens."""
+        self.output_length_for(model).observe(output_tokens)
 
     def learn_prompt_tokens(self, model: str, prompt_bytes: int, prompt_tokens: int) -> None:
         """An engine counted ``prompt_tokens`` for a prompt of ``prompt_bytes`` bytes (its answer's usage)."""
@@ -250,7 +258,9 @@ class RouterState:
                 503, f"model {model!r} has no ready replica" + (" left to try" if excluded else "")
             )
         snapshots = [self.snapshot(e, now) for e in endpoints]
-        request = RoutingRequest(model=model, prompt_tokens=0, expected_output_tokens=max_tokens)
+        # What the ledger charges for the decode: the cap, or less once answers showed how long they really are.
+        expected_output = self.output_length_for(model).expected(max_tokens)
+        request = RoutingRequest(model=model, prompt_tokens=0, expected_output_tokens=expected_output)
         if not shadow:
             available = {s.revision for s in snapshots if s.healthy and not s.ejected}
             revision = choose_revision(view.traffic, available, self.rng.random())
@@ -288,10 +298,10 @@ class RouterState:
         chosen = decision.replica
         endpoint = next(e for e in endpoints if e.name == chosen.name)
         match = matches[chosen.name]
-        ticket = self.ledger.open(chosen.name, max(0, request.prompt_tokens - match), max_tokens)
+        ticket = self.ledger.open(chosen.name, max(0, request.prompt_tokens - match), expected_output)
         hashes = blocks_by_size[chosen.block_size].hashes
         tokens_per_block = blocks_by_size[chosen.block_size].tokens_per_block
-        private = private_blocks(len(hashes), request.prompt_tokens, max_tokens, tokens_per_block)
+        private = private_blocks(len(hashes), request.prompt_tokens, expected_output, tokens_per_block)
         self.index.insert(chosen.name, hashes, now, private)
         if self.publish_prefixes and (hashes or private):
             self.prefix_outbox.append((chosen.name, hashes, private))

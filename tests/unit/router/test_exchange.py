@@ -702,3 +702,19 @@ async def test_a_stream_without_usage_teaches_nothing(engines, router):
         async for _ in exchange.stream():
             pass
     assert r.state.ratio_for(MODEL).observations == 0
+
+
+async def test_a_finished_answer_teaches_its_output_length_a_broken_one_does_not(engines, router):
+    (engine,) = await engines(FakeEngine())
+    r = router([Endpoint("e0", engine.url)])
+    async with r.forwarder.exchange(completion()) as exchange:
+        engine.send(event("a"), event("b"), event("c"), END)
+        async for _ in exchange.stream():
+            pass
+    assert r.state.output_length_for(MODEL).total_tokens == 3  # counted from the events: no usage here
+    with pytest.raises(StreamBroken):
+        async with r.forwarder.exchange(completion()) as exchange:
+            engine.send(event("a"), DIE)
+            async for _ in exchange.stream():
+                pass
+    assert r.state.output_length_for(MODEL).observations == 1

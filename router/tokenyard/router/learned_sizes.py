@@ -1,4 +1,8 @@
-"""How many bytes of prompt text make one of the engine's tokens, learned from what the engines report.
+"""What the router learns of request sizes from the engines' answers: how many bytes of prompt text make one of
+the engine's tokens (``BytesPerToken``), and how long answers really are (``OutputLength``).
+
+Bytes per token
+---------------
 
 Without a tokenizer the router hashes prompts in fixed character blocks and guesses their length at
 ``--chars-per-token`` (4, the usual figure for English BPE). A guess that is off misjudges two things at once: a
@@ -12,6 +16,15 @@ Every answer that reports ``usage.prompt_tokens`` (non-streamed answers always; 
 ``stream_options.include_usage``, as the OpenAI SDKs do for token accounting) gives one exact pair (bytes the
 router saw, tokens the engine counted). The estimate is the ratio of the two sums, each decayed so that
 recent traffic counts most, starting from the configured guess held with the weight of PRIOR_TOKENS tokens.
+
+Output length
+-------------
+A request's ``max_tokens`` is a cap, not a forecast: clients send 2,048 or more and get a few hundred tokens
+when the model stops by itself. Charged at the cap, every request weighs the same in the ledger whatever its
+prompt, and the prefill a cache hit saves (the part of the load a router can choose) is lost under a constant.
+The router counts the tokens each finished answer streamed; the expected output of a new request is the mean
+of those counts (decayed, per model), never more than its own cap, and the cap itself until MIN_ANSWERS
+answers have been seen.
 """
 
 from __future__ import annotations
@@ -46,3 +59,30 @@ class BytesPerToken:
     def value(self) -> float:
         ratio = (self.observed_bytes + self.prior * PRIOR_TOKENS) / (self.observed_tokens + PRIOR_TOKENS)
         return min(MAX_BYTES_PER_TOKEN, max(MIN_BYTES_PER_TOKEN, ratio))
+
+
+MIN_ANSWERS = 20
+OUTPUT_HALF_LIFE_ANSWERS = 500.0  # a change of workload shows after a few hundred answers
+
+
+@dataclass
+class OutputLength:
+    """The mean output length of one model's finished answers, decayed."""
+
+    total_tokens: float = 0.0
+    answers: float = 0.0
+    observations: int = 0
+
+    def observe(self, output_tokens: int) -> None:
+        if output_tokens < 0:
+            return
+        keep = 0.5 ** (1.0 / OUTPUT_HALF_LIFE_ANSWERS)
+        self.total_tokens = self.total_tokens * keep + output_tokens
+        self.answers = self.answers * keep + 1.0
+        self.observations += 1
+
+    def expected(self, max_tokens: int) -> int:
+        """Decode tokens to charge a new request whose cap is ``max_tokens``."""
+        if self.observations < MIN_ANSWERS or self.answers <= 0:
+            return max_tokens
+        return max(1, min(max_tokens, round(self.total_tokens / self.answers)))

@@ -2,9 +2,9 @@
 
 from tokenyard.router.discovery import Endpoint, ModelView
 from tokenyard.router.enginestats import EngineStats
+from tokenyard.router.learned_sizes import MIN_ANSWERS, PRIOR_TOKENS, BytesPerToken, OutputLength
 from tokenyard.router.prefix import hash_prompt
 from tokenyard.router.state import RouterState
-from tokenyard.router.token_ratio import PRIOR_TOKENS, BytesPerToken
 
 
 def test_the_prior_holds_until_usage_arrives_then_the_observed_ratio_wins():
@@ -58,3 +58,28 @@ def test_a_learned_ratio_resizes_the_index_and_the_load_of_a_decision():
     learned = state.bytes_per_token["m"].value
     assert 7.8 < learned < 8.0  # the prior still weighs a little
     assert after.prefix_match_tokens == round(125 * 64 / learned)  # all 125 blocks cached, ~8 tokens each
+
+
+def test_the_cap_is_charged_until_enough_answers_then_their_mean_never_above_the_cap():
+    lengths = OutputLength()
+    for _ in range(MIN_ANSWERS - 1):
+        lengths.observe(300)
+    assert lengths.expected(2048) == 2048  # too few answers: the cap
+    lengths.observe(300)
+    assert lengths.expected(2048) == 300
+    assert lengths.expected(24) == 24  # a request's own cap still bounds it
+    for _ in range(2000):  # the workload changes: answers of 40 tokens
+        lengths.observe(40)
+    assert 40 <= lengths.expected(2048) <= 45
+
+
+def test_a_decision_charges_the_learned_output_length_in_the_ledger():
+    state = RouterState()
+    state.set_models({"m": ModelView("m", [Endpoint("a", "http://a")])})
+    first = state.route("m", "x" * 400, 2048, now=0.0)
+    assert first.ticket.decode_left == 2048
+    state.ledger.close(first.ticket)
+    for _ in range(MIN_ANSWERS):
+        state.learn_output_tokens("m", 100)
+    second = state.route("m", "y" * 400, 2048, now=1.0)
+    assert second.ticket.decode_left == 100
