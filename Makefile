@@ -15,7 +15,7 @@ IMAGE_TAG ?= $(VERSION)
 CONTAINER_ENGINE ?=
 
 .PHONY: help install proto test test-unit test-integration lint demo cluster-up cluster-down \
-	cluster-status binaries bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout chaos crds \
+	cluster-status binaries bench bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout chaos crds \
 	image lint-dockerfile
 
 help:
@@ -24,7 +24,8 @@ help:
 	@echo "make lint          ruff, hadolint (Dockerfile)"
 	@echo "make image         build the container image with docker, podman or buildah"
 	@echo "make cluster-up    start the local control plane (make cluster-down stops it)"
-	@echo "make bench-*       sim | router | placement | autoscaler | rollout"
+	@echo "make bench         every benchmark in turn (BENCH_QUICK=1: shorter runs), each ending in one JSON line"
+	@echo "make bench-*       sim | router | placement | autoscaler | rollout | operator-cluster"
 	@echo "make chaos         SIGKILL the operator mid-change on the local stack (CHAOS_QUICK=1: 3 trials)"
 
 $(STAMP): pyproject.toml
@@ -91,6 +92,9 @@ cluster-status: $(STAMP)
 
 demo: $(STAMP) proto binaries
 	$(PY) -m tokenyard.devcluster demo
+
+# Every benchmark, one after the other (never in parallel: they share the 2 cores and compare peers within a run).
+bench: bench-sim bench-router bench-placement bench-autoscaler bench-rollout bench-operator-cluster
 
 bench-sim: $(STAMP) proto
 	$(PY) bench/bench_sim.py

@@ -8,8 +8,9 @@ import os
 import sys
 
 import kopf
-from prometheus_client import start_http_server
+from prometheus_client import REGISTRY, start_http_server
 from tokenyard.core.cli import OneLineParser
+from tokenyard.operator.settings import OperatorSettings, SettingError
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,6 +46,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--kubeconfig {args.kubeconfig}: no such file")
     if args.metrics_port < 0 or args.metrics_port > 65535:
         parser.error(f"--metrics-port {args.metrics_port}: not a port number")
+    try:  # the start-up handler reads them again; a bad one is said here in one line, before Kopf starts
+        OperatorSettings.from_environment(os.environ)
+    except SettingError as e:
+        parser.error(str(e))
     return args
 
 
@@ -53,11 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     if args.prometheus_url:
-        # Read by the start-up handler (handlers.configure builds the rollout analysis), not at import.
+        # Read with the other settings by the start-up handler (handlers.configure), not at import.
         os.environ["TOKENYARD_PROMETHEUS_URL"] = args.prometheus_url
     if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.metrics_host)
-    from tokenyard.operator import handlers  # noqa: F401  (registers the Kopf handlers)
+        start_http_server(args.metrics_port, addr=args.metrics_host, registry=REGISTRY)
+    from tokenyard.operator import handlers  # (registers the Kopf handlers)
+    from tokenyard.operator.metrics import OperatorMetrics
+
+    # The operator's metrics on the registry the metrics server exposes (with the process collectors).
+    handlers.RUNTIME.metrics = OperatorMetrics(REGISTRY)
 
     standalone = args.peering is None
     # kopf.run installs SIGTERM/SIGINT handlers and stops the handlers gracefully.

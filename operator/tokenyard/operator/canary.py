@@ -1,10 +1,6 @@
-"""Between the ModelDeployment and the rollout cores: spec and status in, rollout inputs out, and the analysis'
-measurements read from Prometheus.
+"""The rollout analysis' measurements, read from Prometheus: the one I/O of a canary step (the adapter fetches
+the verdict, `canary_plan.canary_step` takes it as an input).
 
-- `strategy_from_spec` turns `spec.rollout` (already validated by the API server and parsed by the types) into
-  the state machine's `Strategy`;
-- `commands_from` reads manual commands: the `tokenyard.dev/rollout-command` annotation that
-  `kubectl tokenyard rollout promote|abort|pause|resume` writes, and `spec.paused`;
 - `PrometheusAnalysis` measures each revision over the analysis window from the router's metrics (through the
   shared `tokenyard.core.prometheus` client) and asks the sequential test for a verdict. No Prometheus, a
   failed query, or no samples are inconclusive, never a failure: a failed query stops the look, and a revision
@@ -14,12 +10,10 @@ measurements read from Prometheus.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from tokenyard.core.metrics import bucket_at_or_below
 from tokenyard.core.prometheus import PrometheusClient, VectorReading
@@ -35,14 +29,9 @@ from tokenyard.operator.analysis import (
     ProportionCounts,
     evaluate,
 )
+from tokenyard.operator.canary_plan import AnalysisObservation
 from tokenyard.operator.rollout import (
-    AnalysisStep,
-    Command,
-    CommandKind,
-    PauseReason,
-    PauseStep,
     RolloutState,
-    SetWeightStep,
     ShadowStep,
     Strategy,
     analysis_look_due,
@@ -50,77 +39,12 @@ from tokenyard.operator.rollout import (
     last_analysis,
 )
 
-COMMAND_ANNOTATION = "tokenyard.dev/rollout-command"
-
-
-def strategy_from_spec(spec: ModelDeploymentSpec) -> Strategy:
-    steps = []
-    for step in spec.rollout.steps:
-        if step.set_weight is not None:
-            steps.append(SetWeightStep(step.set_weight))
-        elif step.pause is not None:
-            steps.append(
-                PauseStep(None if step.pause.duration_seconds is None else float(step.pause.duration_seconds))
-            )
-        elif step.shadow is not None:
-            steps.append(ShadowStep(step.shadow.fraction, float(step.shadow.duration_seconds)))
-        elif step.analysis is not None:
-            steps.append(AnalysisStep(float(step.analysis.timeout_seconds)))
-    return Strategy(
-        tuple(steps),
-        replicas=max(1, spec.replicas),
-        # The canary gets the groups its traffic weight needs (the stable revision keeps all of its own);
-        # rollout.maxSurge bounds rolling updates, not the canary's size.
-        max_surge=None,
-        drain_timeout_s=float(spec.rollout.drain_seconds),
-        auto_rollback=spec.rollout.auto_rollback,
-        analysis_interval_s=float(spec.rollout.analysis.interval_seconds),
-    )
-
-
-def state_from_status(status: Mapping[str, Any], update_revision: str) -> RolloutState:
-    """The rollout state saved in the status, or a finished rollout of the first revision seen."""
-    saved = ((status or {}).get("rollout") or {}).get("state")
-    if saved:
-        return RolloutState.from_dict(saved)
-    return RolloutState(stable_revision=(status or {}).get("currentRevision") or update_revision)
-
-
-def commands_from(annotations: Mapping[str, str], paused: bool, state: RolloutState) -> tuple[Command, ...]:
-    commands: list[Command] = []
-    raw = annotations.get(COMMAND_ANNOTATION)
-    if raw:
-        try:
-            parsed = json.loads(raw)
-            commands.append(Command(CommandKind(parsed["command"]), str(parsed["id"])))
-        except (ValueError, KeyError, TypeError):
-            pass  # a malformed annotation is reported by the adapter's event, and ignored here
-    # spec.paused is level-based: translate its value into the matching command once per change.
-    if paused and state.pause_reason is None and not state.phase.terminal:
-        commands.append(Command(CommandKind.PAUSE, f"spec.paused@{state.canary_revision}"))
-    if not paused and state.pause_reason is PauseReason.USER:
-        commands.append(
-            Command(CommandKind.RESUME, f"spec.unpaused@{state.canary_revision}@{state.paused_at}")
-        )
-    return tuple(commands)
-
 
 def _settings(spec: ModelDeploymentSpec) -> AnalysisSettings:
     analysis = spec.rollout.analysis
     return AnalysisSettings(
         alpha=analysis.alpha, margin=Margin(absolute=analysis.margin), min_requests=analysis.min_requests
     )
-
-
-@dataclass(frozen=True)
-class AnalysisObservation:
-    """What the analysis says in this reconcile: a new look (``looked_at`` set, ``status`` its status
-    form), the standing verdict of the last look, or nothing (``decision`` None: no analysis running)."""
-
-    decision: AnalysisDecision | None = None
-    reason: str = ""
-    looked_at: float | None = None
-    status: dict | None = None
 
 
 class QueryFailed(Exception):

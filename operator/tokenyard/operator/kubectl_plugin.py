@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 from tokenyard.core import labels
-from tokenyard.operator.canary import COMMAND_ANNOTATION
+from tokenyard.operator.canary_plan import COMMAND_ANNOTATION
 
 PLURAL = "modeldeployments"
 

@@ -175,6 +175,22 @@ def pod_manifest(
     }
 
 
+def group_manifests(
+    owner: dict[str, Any], spec: ModelDeploymentSpec, names: GroupNames, nodes: tuple[str, ...]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The headless Service and the pods of one group placed on `nodes` (one per rank), owned by `owner`
+    (the ModelDeployment's owner reference), the Service on the engine's port."""
+    service = service_manifest(names)
+    service["metadata"]["ownerReferences"] = [owner]
+    service["spec"]["ports"][0]["port"] = spec.engine.port
+    pods = []
+    for rank, node in enumerate(nodes):
+        pod = pod_manifest(spec, names, rank, node, nodes)
+        pod["metadata"]["ownerReferences"] = [owner]
+        pods.append(pod)
+    return service, pods
+
+
 def planned_node(pod: dict[str, Any]) -> str | None:
     """The node a pod was pinned to, read back from its affinity."""
     try:

@@ -1,13 +1,15 @@
-"""What one reconcile of a ModelDeployment does, decided without I/O: `plan_reconcile` -> `ReconcilePlan`.
+"""What one reconcile of a ModelDeployment does, decided without I/O: `plan` -> `ReconcilePlan`.
 
-The adapter reads (the snapshot, the groups from the pod index, the nodes, one step of the canary state
-machine), calls `plan_reconcile`, and applies the plan: deletes the groups in `deletions` and emits each
-one's event, creates `creates[revision]` groups per revision (placing them under the placement lock, where GPU
-use is read again; the replacements of `return_to[revision]` go back to those groups' nodes when they still
-fit), and writes the status computed over `remaining`.
+The adapter reads (the snapshot, the groups from the pod index, the nodes, and, for a canary rollout, the
+analysis verdict it fetched for `canary_plan.rollout_position`), calls `plan`, and applies the plan: posts the
+rollout's events, deletes the groups in `deletions` and emits each one's event, creates `creates[revision]`
+groups per revision (placing them under the placement lock, where GPU use is read again; the replacements of
+`return_to[revision]` go back to those groups' nodes when they still fit), and writes the status computed over
+`remaining`.
 
-The counting is `groups.decide` (rolling update) or `groups.decide_targets` (canary targets per revision);
-which ready groups go on a scale-down is the placement planner's `choose_scale_down`.
+The counting is `groups.decide` (rolling update) or `groups.decide_targets` (canary targets per revision,
+from `canary_plan.canary_step`); which ready groups go on a scale-down is the placement planner's
+`choose_scale_down`.
 """
 
 from __future__ import annotations
@@ -17,22 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenyard.core.types import ModelDeploymentSpec, RolloutStrategy
-from tokenyard.operator.canary_plan import NO_CANARY_STATUS, CanaryPlan
+from tokenyard.operator.canary_plan import NO_CANARY_STATUS, AnalysisObservation, CanaryPlan, canary_step
 from tokenyard.operator.groups import FAILED, GroupDecision, GroupView, decide, decide_targets
 from tokenyard.operator.placement import Assignment, Node, TopologyLevel, choose_scale_down
 from tokenyard.operator.revision import revision_hash
-from tokenyard.operator.snapshot import DeploymentSnapshot
+from tokenyard.operator.snapshot import DeploymentSnapshot, Event
 
 RECREATED, REMOVED = "recreated", "removed"  # Deletion.kind
-
-
-@dataclass(frozen=True)
-class Event:
-    """A Kubernetes Event to post about the ModelDeployment."""
-
-    reason: str
-    message: str
-    warning: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,11 +54,32 @@ class ReconcilePlan:
     remaining: tuple[GroupView, ...]  # the groups the status counts: every group not deleted
     rollout_status: Mapping[str, Any]  # status.traffic, .shadow and .rollout
     current_revision: str | None  # the revision that serves, when the rollout says (else the status decides)
+    canary: CanaryPlan | None = None  # the canary step taken (its events and metrics), when a canary runs
 
     @property
     def events(self) -> list[Event]:
         """The events of the deletions, in order (the adapter posts each once its group is deleted)."""
         return [d.event for d in self.deletions]
+
+
+def plan(
+    snapshot: DeploymentSnapshot,
+    groups: Sequence[GroupView],
+    nodes: Sequence[Node],
+    verdict: AnalysisObservation | None,
+    now: float,
+    bind_timeout: float,
+) -> ReconcilePlan:
+    """The reconcile's plan. `verdict` is what the rollout analysis says for `canary_plan.rollout_position`
+    at this `now` (the adapter fetched it), required when the strategy is Canary and ignored otherwise."""
+    canary = None
+    if snapshot.spec.rollout.strategy == RolloutStrategy.CANARY:
+        if verdict is None:
+            raise ValueError(
+                f"{snapshot.namespace}/{snapshot.name}: a canary rollout needs the analysis verdict"
+            )
+        canary = canary_step(snapshot, groups, verdict, now)
+    return plan_reconcile(snapshot, groups, nodes, canary, now, bind_timeout)
 
 
 def plan_reconcile(
@@ -130,6 +144,7 @@ def plan_reconcile(
         remaining=tuple(g for g in groups if (g.index, g.revision) not in deleted),
         rollout_status=rollout_status,
         current_revision=current_revision,
+        canary=canary if spec.rollout.strategy == RolloutStrategy.CANARY else None,
     )
 
 

@@ -2,8 +2,8 @@
 
 Kopf hands a daemon a live view of the object that changes under it between awaits; a reconcile that reads
 its spec at one point and its status at another can mix two versions. The snapshot is taken once, typed, and
-is what the reconcile passes around. Kopf's events still need the raw body: `Events` wraps it, and is the
-only thing that holds it.
+is what the reconcile passes around. Kopf's events still need the raw body: `kube_writes.Events` wraps it,
+and is the only thing that holds it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
 from tokenyard.core import labels as keys
 from tokenyard.core.types import ModelDeploymentSpec
 
@@ -88,17 +87,13 @@ class DeploymentSnapshot:
         return None
 
 
-class Events:
-    """Kubernetes Events about one ModelDeployment (Kopf posts them against the body it was given)."""
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post about the ModelDeployment (what a plan asks; `Events` posts it)."""
 
-    def __init__(self, body: Any) -> None:
-        self._body = body
-
-    def info(self, reason: str, message: str) -> None:
-        kopf.info(self._body, reason=reason, message=message)
-
-    def warn(self, reason: str, message: str) -> None:
-        kopf.warn(self._body, reason=reason, message=message)
+    reason: str
+    message: str
+    warning: bool = False
 
 
 def _plain(value: Any) -> Any:

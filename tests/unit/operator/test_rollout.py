@@ -65,7 +65,7 @@ def strategy(*steps, replicas=4, **kwargs) -> Strategy:
 
 def test_strategy_from_the_model_deployment_spec():
     from tokenyard.core.types import ModelDeploymentSpec
-    from tokenyard.operator.canary import strategy_from_spec
+    from tokenyard.operator.canary_plan import strategy_from_spec
 
     spec = ModelDeploymentSpec.parse(
         {

@@ -75,3 +75,17 @@ def test_an_old_revision_spec_comes_from_its_template_in_the_history():
     assert revision_hash(restored) == old_revision
     assert snapshot.spec_of_revision("nothing-kept", update) is None  # recorded without its template
     assert snapshot.spec_of_revision("unknown", update) is None
+
+
+def test_events_emit_an_event_as_info_or_warning(monkeypatch):
+    import kopf
+    from tokenyard.operator.kube_writes import Events
+    from tokenyard.operator.snapshot import Event
+
+    posted = []
+    monkeypatch.setattr(kopf, "info", lambda body, reason, message: posted.append(("info", reason, message)))
+    monkeypatch.setattr(kopf, "warn", lambda body, reason, message: posted.append(("warn", reason, message)))
+    events = Events({"metadata": {"name": "llm"}})
+    events.emit(Event("GroupPlaced", "group 0"))
+    events.emit(Event("InsufficientCapacity", "1 group", warning=True))
+    assert posted == [("info", "GroupPlaced", "group 0"), ("warn", "InsufficientCapacity", "1 group")]

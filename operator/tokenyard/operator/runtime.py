@@ -1,0 +1,59 @@
+"""The operator's process-wide state: settings, metrics, the analysis, the API writes, the wake-up events of
+the reconcile loops, the GPU ledger and the placement lock. One instance (`handlers.RUNTIME`), filled in at
+start-up (`handlers.configure`) and handed to what applies the plans (`apply_plan`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kubernetes_asyncio import client as k8s
+from tokenyard.operator.canary import PrometheusAnalysis
+from tokenyard.operator.group_placement import CapacityWarnings
+from tokenyard.operator.kube_writes import KubeWrites
+from tokenyard.operator.ledger import GpuLedger
+from tokenyard.operator.metrics import OperatorMetrics
+from tokenyard.operator.placement import GroupShape
+from tokenyard.operator.settings import OperatorSettings
+
+
+class Runtime:
+    """Until `start`: default settings, metrics on a registry of their own, an analysis without Prometheus
+    (every look inconclusive), and no API client."""
+
+    def __init__(self) -> None:
+        self.settings = OperatorSettings()
+        # `python -m tokenyard.operator` gives the metrics the registry its metrics server exposes.
+        self.metrics = OperatorMetrics()
+        self.analysis = PrometheusAnalysis(None)
+        self.api: k8s.ApiClient | None = None
+        self._writes: KubeWrites | None = None
+        self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
+        # GPUs of pods created whose watch event has not reached the index yet: counted as used so that two
+        # reconciles in a row never plan the same GPUs twice.
+        self.ledger = GpuLedger()
+        self.placement_lock = asyncio.Lock()
+        self.capacity_warnings = CapacityWarnings()
+        # (namespace, deployment) -> the shape of its groups: best fit protects, and stranded GPUs are measured
+        # against, the shapes of every deployment this operator runs, not only the one reconciling.
+        self.shapes: dict[tuple[str, str], GroupShape] = {}
+
+    def start(self, settings: OperatorSettings, api: k8s.ApiClient) -> None:
+        self.settings = settings
+        self.analysis = PrometheusAnalysis(settings.prometheus_url)
+        self.api = api
+        self._writes = KubeWrites(api)
+
+    @property
+    def writes(self) -> KubeWrites:
+        if self._writes is None:
+            raise RuntimeError("the operator has not started: no API client yet")
+        return self._writes
+
+    def wakeup(self, key: tuple[str, str]) -> asyncio.Event:
+        return self.wakeups.setdefault(key, asyncio.Event())
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """A deployment's loop ended (deleted, or this replica stopped): drop its state and its series."""
+        self.wakeups.pop(key, None)
+        self.shapes.pop(key, None)
+        self.metrics.forget_deployment(*key)
