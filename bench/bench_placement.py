@@ -113,7 +113,7 @@ def request_of(key: str, size: int) -> GroupRequest:
 
 
 SHAPE_MIX = {shape_of(size): share for size, share in SIZE_SHARES.items()}
-# What the operator really gives its planner (operator/handlers.py, `_create_groups`): the shapes of the groups
+# What the operator really gives its planner (operator/apply_plan.py, `create_groups`): the shapes of the groups
 # of every deployment it runs, as a plain list, without their shares of the arrivals (it cannot know those).
 SHIPPED_SHAPES = list(SHAPE_MIX)
 
