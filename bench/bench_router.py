@@ -708,12 +708,18 @@ async def run_workload(
     return runs
 
 
-async def overhead(session, engines) -> dict[str, float]:
-    """Added latency of one router hop (sequential small requests, direct vs through the router) and the
-    requests/s one router process sustains (closed loop, 64 clients, tiny requests)."""
-    router = RouterProcess("tokenyard", engines)
+OVERHEAD_ROUTERS = ("tokenyard", "sglang:defaults", "vllm:defaults")
+
+
+async def overhead(session, engines) -> dict[str, dict[str, float]]:
+    """Per router process (tokenyard and the peers, all running at once): the added latency of its hop
+    (sequential small requests, interleaved direct / through each router so that all see the same machine load)
+    and the requests/s it sustains alone (closed loop, 64 clients, tiny requests; one router at a time)."""
+    names = [name for name in OVERHEAD_ROUTERS if name == "tokenyard" or name in POLICIES]
+    routers = {name: RouterProcess(name, engines) for name in names}
     try:
-        await router.ready(session)
+        for router in routers.values():
+            await router.ready(session)
         body = {"model": MODEL, "prompt": "ping", "max_tokens": 1}
 
         async def timed(url: str) -> float:
@@ -724,29 +730,34 @@ async def overhead(session, engines) -> dict[str, float]:
             return time.monotonic() - started
 
         samples = 100 if QUICK else 300
-        direct, routed = [], []
-        for i in range(samples):  # interleaved so both see the same machine load
+        direct: list[float] = []
+        routed: dict[str, list[float]] = {name: [] for name in routers}
+        for i in range(samples):
             direct.append(await timed(engines[i % len(engines)]))
-            routed.append(await timed(router.url))
-        stop_at = time.monotonic() + (4 if QUICK else 8)
-        done = 0
+            for name, router in routers.items():
+                routed[name].append(await timed(router.url))
+        figures: dict[str, dict[str, float]] = {}
+        for name, router in routers.items():
+            done = 0
 
-        async def client() -> None:
-            nonlocal done
-            while time.monotonic() < stop_at:
-                await timed(router.url)
-                done += 1
+            async def client(url: str, stop_at: float) -> None:
+                nonlocal done
+                while time.monotonic() < stop_at:
+                    await timed(url)
+                    done += 1
 
-        started = time.monotonic()
-        await asyncio.gather(*(client() for _ in range(64)))
-        max_rps = done / (time.monotonic() - started)
-        return {
-            "added_p50_ms": round((percentile(routed, 0.5) - percentile(direct, 0.5)) * 1000, 3),
-            "added_p99_ms": round((percentile(routed, 0.99) - percentile(direct, 0.99)) * 1000, 3),
-            "max_rps": round(max_rps, 1),
-        }
+            started = time.monotonic()
+            until = started + (4 if QUICK else 8)
+            await asyncio.gather(*(client(router.url, until) for _ in range(64)))
+            figures[name] = {
+                "added_p50_ms": round((percentile(routed[name], 0.5) - percentile(direct, 0.5)) * 1000, 3),
+                "added_p99_ms": round((percentile(routed[name], 0.99) - percentile(direct, 0.99)) * 1000, 3),
+                "max_rps": round(done / (time.monotonic() - started), 1),
+            }
+        return figures
     finally:
-        router.stop()
+        for router in routers.values():
+            router.stop()
 
 
 async def main() -> None:
@@ -844,11 +855,18 @@ async def main() -> None:
                     )
             if os.environ.get("BENCH_OVERHEAD", "1") != "0":  # "0": quick experiments on a few workloads
                 results["overhead"] = await overhead(session, engines)
-                o = results["overhead"]
-                print(
-                    f"router overhead: +{o['added_p50_ms']} ms p50, +{o['added_p99_ms']} ms p99 per request; "
-                    f"one router process sustains {o['max_rps']} req/s (load generator on the same 2 cores)"
-                )
+                ours = results["overhead"]["tokenyard"]
+                for name, o in results["overhead"].items():
+                    ratio = ""
+                    if name != "tokenyard" and o["added_p99_ms"] > 0:
+                        ratio = (
+                            f"; tokenyard's hop p99 is {ours['added_p99_ms'] / o['added_p99_ms']:.2f}x this"
+                        )
+                    print(
+                        f"router overhead, {name}: +{o['added_p50_ms']} ms p50, +{o['added_p99_ms']} ms p99 per "
+                        f"request; one process sustains {o['max_rps']} req/s (load generator on the same 2 cores)"
+                        + ratio
+                    )
     finally:
         stop_process(host, timeout=15)
     print(json.dumps({"bench": "router", "results": results}))

@@ -139,19 +139,15 @@ def long_documents_body(rng: random.Random, progress: float) -> dict:
 
 
 # unknown_output: today's tenants, but the reply ends when the model says so: no ignore_eos, max_tokens a loose
-# cap of 2,048 (what clients send), and the length heavy-tailed: at least a log-normal draw (median 64 tokens,
-# sigma 1.2, capped at 1,500) through min_tokens, which only the engine reads; the simulated engine's own end
-# of sequence (16 to 512 tokens from the prompt's hash) can end it later. A router sees max_tokens only.
+# cap of 2,048 (what clients send). The simulated engines end a reply at a heavy-tailed natural length drawn from
+# the prompt's hash (log-normal, median 64 tokens, p99 ~660: tokenyard.sim.engine.natural_length). A router sees
+# the cap only, and what finished replies teach it.
 OUTPUT_CAP = 2048
-
-
-def heavy_tailed_length(rng: random.Random) -> int:
-    return min(1500, max(1, round(rng.lognormvariate(4.16, 1.2))))  # e^4.16 ~ 64
 
 
 def unknown_output_body(rng: random.Random, progress: float) -> dict:
     body = shared_prefix_body(rng)
-    body.update(max_tokens=OUTPUT_CAP, min_tokens=heavy_tailed_length(rng), ignore_eos=False)
+    body.update(max_tokens=OUTPUT_CAP, ignore_eos=False)
     return body
 
 

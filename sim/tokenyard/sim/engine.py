@@ -20,8 +20,10 @@ A step returns its modelled duration (from `tokenyard.sim.model`) and what it pr
 that long (times its time scale) and then delivers the tokens. Timestamps on requests are in the caller's clock.
 
 Output tokens are synthetic: the generator picks words deterministically from the prompt's hash. Without
-`ignore_eos` a request ends by itself ("stop") after a natural length drawn from the same hash between
-`NATURAL_LENGTH_MIN` and `NATURAL_LENGTH_MAX` tokens, which stands in for the model emitting end-of-sequence.
+`ignore_eos` a request ends by itself ("stop") after a natural length drawn from the same hash, which stands in
+for the model emitting end-of-sequence: log-normal (median NATURAL_LENGTH_MEDIAN tokens, sigma
+NATURAL_LENGTH_SIGMA) between `NATURAL_LENGTH_MIN` and `NATURAL_LENGTH_MAX` tokens. Heavy-tailed like real chat
+answers (most short, a few very long), so that a router cannot tell a request's length from its cap.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
+from statistics import NormalDist
 from typing import Protocol
 
 from tokenyard.sim.model import Deployment, StepShape
 
 NATURAL_LENGTH_MIN = 16
-NATURAL_LENGTH_MAX = 512
+NATURAL_LENGTH_MAX = 1024
+NATURAL_LENGTH_MEDIAN = 64
+NATURAL_LENGTH_SIGMA = 1.0  # p90 ~230 tokens, p99 ~660
 # vLLM V0's block manager kept 1 percent of the blocks free at admission (BlockSpaceManager watermark=0.01).
 WATERMARK_FRACTION = 0.01
 _ROOT_HASH = 0
@@ -56,6 +61,14 @@ class Status(Enum):
 
 class TokenSource(Protocol):
     def generated_token(self, seed: int, index: int) -> int: ...
+
+
+def natural_length(seed: int) -> int:
+    """The output length at which a request of this prompt hash ends by itself (see the module's docstring)."""
+    quantile = ((seed % 1_000_003) + 0.5) / 1_000_003
+    z = NormalDist().inv_cdf(quantile)
+    length = round(NATURAL_LENGTH_MEDIAN * math.exp(NATURAL_LENGTH_SIGMA * z))
+    return min(NATURAL_LENGTH_MAX, max(NATURAL_LENGTH_MIN, length))
 
 
 @dataclass(frozen=True)
@@ -311,7 +324,7 @@ class Engine:
                 f"{params.max_tokens} in the completion)"
             )
         seed = hash(tuple(prompt_ids)) & 0xFFFFFFFF  # ints hash the same in every process
-        natural = NATURAL_LENGTH_MIN + seed % (NATURAL_LENGTH_MAX - NATURAL_LENGTH_MIN + 1)
+        natural = natural_length(seed)
         req = Request(
             request_id=request_id,
             prompt_ids=list(prompt_ids),
