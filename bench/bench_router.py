@@ -1,5 +1,5 @@
-"""Router benchmark: tokenyard against round robin, least outstanding requests and sglang-router's cache_aware
-policy, on the same simulated fleet and the same arrivals, in one run.
+"""Router benchmark: tokenyard against round robin, least outstanding requests, and sglang-router's and
+vllm-router's cache_aware policies, on the same simulated fleet and the same arrivals, in one run.
 
 Fleet: ENGINES tokenyard.sim engines (Llama-3.1-8B on H100-SXM, time-scaled), all in one helper process (the sim
 runs many engines on one event loop). Their KV cache is limited with --num-gpu-blocks-override so that one
@@ -8,16 +8,22 @@ a request goes decides whether its prefix is cached (with the preset's full 28k 
 hold every prompt of this small benchmark and locality would not matter).
 
 Policies:
-- tokenyard: `python -m tokenyard.router` (a separate process) with its default scorers;
+- tokenyard: `python -m tokenyard.router` (a separate process) as shipped: its default scorers, no tokenizer
+  (prompts hashed by character blocks), told nothing of output lengths but each request's max_tokens;
 - round_robin, least_outstanding: dispatched by the load generator itself straight to the engines (no proxy
   hop, exact in-flight counts): the ideal, zero-overhead form of those balancers;
-- sglang_cache_aware: `python -m sglang_router.launch_router --policy cache_aware` (a separate process).
+- sglang:SETTING, vllm:SETTING: sglang-router 0.3.2 and vllm-router 0.1.17 with `--policy cache_aware` and the
+  named setting of their grid (bench/router_peers.py): each at its defaults, and sglang-router also at
+  SGLANG_TUNED, the setting of its grid that did best on the tuning workloads.
 
-Workloads (rates relative to a capacity measured at the start on one engine x ENGINES):
-- shared_prefix_70 / _95: TENANTS tenants with Zipf popularity, each with a long system prompt, short unique
-  suffixes; at 70% and 95% of capacity;
-- no_sharing: unique prompts at 70%;
-- multi_turn: chat conversations whose every turn extends the previous one (history + reply + new question).
+Workloads (bench/router_workloads.py; rates relative to a capacity measured on one engine x ENGINES). The router's
+defaults, and SGLANG_TUNED, are chosen on the four tuning workloads only; the held-out families report them:
+- tuning: shared_prefix_70 / _95 (48 tenants with Zipf popularity, each with a long system prompt, short unique
+  suffixes; at 70% and 95% of capacity), no_sharing (unique prompts at 70%), multi_turn (chat conversations
+  whose every turn extends the previous one);
+- held out: zipf_tenants (256 tenants, prompts of 1,500-4,000 tokens, ~3x the fleet's KV cache), tenant_surge (a
+  cold tenant jumps to 60% of the traffic halfway), long_documents (24 documents of 5,000-9,000 tokens, short
+  questions), unknown_output (no ignore_eos: heavy-tailed reply lengths under a loose max_tokens cap).
 
 Each workload runs in ROUNDS rounds; in each round every policy gets a fresh router, empty engine caches and the
 same arrivals, in an order rotated round by round (the machine is shared: a burst of load from another process
