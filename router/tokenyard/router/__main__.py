@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from tokenyard.core.cli import OneLineParser
-from tokenyard.router.core import DEFAULT_WEIGHTS, HotSpotGuard, SaturationLimits, Scorer
+from tokenyard.router.core import DEFAULT_WEIGHTS
 from tokenyard.router.discovery import (
     ConfigError,
     StaticConfig,
@@ -19,7 +19,10 @@ from tokenyard.router.discovery import (
     parse_shadow,
     parse_traffic,
 )
+from tokenyard.router.framework import Scorer
 from tokenyard.router.kube import DiscoveryUnavailable
+from tokenyard.router.plugins.not_saturated import SaturationLimits
+from tokenyard.router.plugins.prefix_cache import HotSpotGuard
 from tokenyard.router.prefix import Tokenizer
 from tokenyard.router.server import RouterServer, ServerOptions
 from tokenyard.router.state import RouterSettings

@@ -14,19 +14,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tokenyard.router.accounting import EjectionPolicy, FailureTracker, LoadLedger, ReplicaLoad, Ticket
-from tokenyard.router.core import (
-    DEFAULT_FILTERS,
-    HotSpotGuard,
-    Pipeline,
-    ReplicaSnapshot,
-    RoutingDecision,
-    RoutingRequest,
-    SaturationLimits,
-    choose_revision,
-)
+from tokenyard.router.core import DEFAULT_FILTERS, Pipeline
 from tokenyard.router.discovery import Endpoint, ModelView
 from tokenyard.router.enginestats import EngineStats
+from tokenyard.router.framework import ReplicaSnapshot, RoutingDecision, RoutingRequest
 from tokenyard.router.learned_sizes import BytesPerToken, OutputLength
+from tokenyard.router.plugins.not_saturated import SaturationLimits
+from tokenyard.router.plugins.prefix_cache import HotSpotGuard
+from tokenyard.router.plugins.revision import choose_revision
 from tokenyard.router.prefix import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CAPACITY_BLOCKS,

@@ -9,8 +9,8 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tokenyard.router.core import SaturationLimits
 from tokenyard.router.discovery import Shadow
+from tokenyard.router.plugins.not_saturated import SaturationLimits
 from tokenyard.router.state import RouterSettings
 from tokenyard.v1 import router_pb2, router_pb2_grpc
 

@@ -1,16 +1,8 @@
 import json
-import random
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenyard.router.core import (
-    NotSaturatedFilter,
-    Pipeline,
-    ReplicaSnapshot,
-    RoutingRequest,
-    SaturationLimits,
-)
 from tokenyard.router.grpc_front import inference_request
 from tokenyard.router.openai_wire import (
     CHAT_COMPLETIONS_PATH,
@@ -18,6 +10,7 @@ from tokenyard.router.openai_wire import (
     InvalidRequest,
     StreamDecodeError,
     StreamDecoder,
+    carries_token,
     decode_body,
     parse_request,
     render_chat,
@@ -109,20 +102,8 @@ def test_an_event_that_is_no_json_object_fails_to_decode_and_a_whole_body_reads_
     assert body.text == "whole" and body.finish_reason == "stop" and body.usage is None
 
 
-def snap(name, **kw):
-    return ReplicaSnapshot(name=name, url=f"http://{name}", **kw)
-
-
-def test_saturation_is_a_filter_of_the_pipeline():
-    limits = SaturationLimits(max_outstanding_requests=2)
-    pipeline = Pipeline.from_config(saturation=limits)
-    saturated = [f for f in pipeline.filters if isinstance(f, NotSaturatedFilter)]
-    assert len(saturated) == 1 and saturated[0].limits is limits and pipeline.filters[-1] is saturated[0]
-    request = RoutingRequest("m", 10, 10)
-    decision = pipeline.decide(request, [snap("full", outstanding_requests=2), snap("ok")], random.Random(0))
-    assert decision.replica.name == "ok" and not request.state.saturated
-    # a configuration without the filter routes to a full replica (the check is the plug-in, nowhere else)
-    unchecked = Pipeline.from_config(filters=("healthy",), saturation=limits)
-    assert unchecked.decide(
-        RoutingRequest("m", 10, 10), [snap("full", outstanding_requests=2)], random.Random(0)
-    ).ok
+def test_first_token_detection_skips_empty_role_chunks():
+    assert not carries_token(b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n')
+    assert carries_token(b'data: {"choices":[{"delta":{"content":" hi"}}]}\n\n')
+    assert carries_token(b'data: {"choices": [{"text": "x", "index": 0}]}\n\n')
+    assert not carries_token(b'data: {"choices":[{"text":"","finish_reason":"length"}]}\n\n')

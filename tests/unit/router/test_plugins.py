@@ -1,0 +1,144 @@
+"""The built-in plug-ins (router/tokenyard/router/plugins/), one section per plug-in file."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenyard.router.core import Pipeline
+from tokenyard.router.framework import NEUTRAL_SCORE, RoutingRequest
+from tokenyard.router.plugins.kv_cache import KvCacheScorer
+from tokenyard.router.plugins.not_saturated import NotSaturatedFilter, SaturationLimits
+from tokenyard.router.plugins.outstanding_tokens import OutstandingTokensScorer
+from tokenyard.router.plugins.prefix_cache import HotSpotGuard, PrefixCacheScorer
+from tokenyard.router.plugins.queue import QueueScorer
+from tokenyard.router.plugins.revision import choose_revision
+
+from .test_core import request, snap
+
+# --- notSaturated -----------------------------------------------------------------------------------------
+
+
+def test_pipeline_reports_saturation():
+    pipeline = Pipeline.from_config(saturation=SaturationLimits(max_outstanding_requests=2))
+    req = request()
+    decision = pipeline.decide(req, [snap("a", outstanding_requests=2)], random.Random(0))
+    assert decision.replica is None and req.state.saturated
+
+
+def test_saturation_is_a_filter_of_the_pipeline():
+    limits = SaturationLimits(max_outstanding_requests=2)
+    pipeline = Pipeline.from_config(saturation=limits)
+    saturated = [f for f in pipeline.filters if isinstance(f, NotSaturatedFilter)]
+    assert len(saturated) == 1 and saturated[0].limits is limits and pipeline.filters[-1] is saturated[0]
+    request = RoutingRequest("m", 10, 10)
+    decision = pipeline.decide(request, [snap("full", outstanding_requests=2), snap("ok")], random.Random(0))
+    assert decision.replica.name == "ok" and not request.state.saturated
+    # a configuration without the filter routes to a full replica (the check is the plug-in, nowhere else)
+    unchecked = Pipeline.from_config(filters=("healthy",), saturation=limits)
+    assert unchecked.decide(
+        RoutingRequest("m", 10, 10), [snap("full", outstanding_requests=2)], random.Random(0)
+    ).ok
+
+
+# --- revision ---------------------------------------------------------------------------------------------
+
+
+def test_choose_revision_follows_weights_and_skips_unavailable():
+    traffic = [("r1", 90), ("r2", 10)]
+    assert choose_revision(traffic, {"r1", "r2"}, 0.0) == "r1"
+    assert choose_revision(traffic, {"r1", "r2"}, 0.95) == "r2"
+    assert choose_revision(traffic, {"r1"}, 0.95) == "r1"
+    assert choose_revision([], {"r1"}, 0.5) is None
+    assert choose_revision(traffic, {"r9"}, 0.5) is None
+    draws = [i / 1000 for i in range(1000)]
+    share = sum(choose_revision(traffic, {"r1", "r2"}, d) == "r2" for d in draws) / len(draws)
+    assert share == pytest.approx(0.10, abs=0.002)
+
+
+# --- outstandingTokens ------------------------------------------------------------------------------------
+
+
+def test_outstanding_tokens_scorer_counts_uncached_prompt_as_load():
+    # b owes more, but a would have to prefill the whole prompt again while b holds it
+    candidates = [snap("a", outstanding_tokens=100), snap("b", outstanding_tokens=500)]
+    scores = OutstandingTokensScorer().score(request(2000, {"b": 2000}), candidates)
+    assert scores == [0.0, 1.0]
+
+
+# --- prefixCache ------------------------------------------------------------------------------------------
+
+
+def test_prefix_scorer_prefers_longer_match():
+    candidates = [snap("a"), snap("b"), snap("c")]
+    scores = PrefixCacheScorer().score(request(1000, {"a": 200, "b": 800}), candidates)
+    assert scores == [0.25, 1.0, 0.0]
+
+
+def test_hot_spot_guard_removes_prefix_credit_from_an_overloaded_replica():
+    guard = HotSpotGuard(max_ratio=1.5, slack_tokens=1000, slack_requests=2)
+    candidates = [snap("hot", outstanding_tokens=5000), snap("idle", outstanding_tokens=0)]
+    req = request(1000, {"hot": 1000})
+    assert PrefixCacheScorer(guard).score(req, candidates) == [1.0, 1.0]  # no credit: all equal
+    assert req.state.hotspot_guarded == ["hot"]
+    # cheap cached requests piling up: few tokens owed, but too many requests in flight
+    crowded = [
+        snap("hot", outstanding_tokens=300, outstanding_requests=9),
+        snap("idle", outstanding_requests=2),
+    ]
+    assert PrefixCacheScorer(guard).score(request(1000, {"hot": 1000}), crowded) == [1.0, 1.0]
+    fine = [snap("hot", outstanding_tokens=300, outstanding_requests=5), snap("idle", outstanding_requests=2)]
+    assert PrefixCacheScorer(guard).score(request(1000, {"hot": 1000}), fine) == [1.0, 0.0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n_replicas=st.integers(2, 8),
+    prompts=st.lists(st.integers(200, 3000), min_size=1, max_size=80),
+    ratio=st.floats(1.0, 3.0),
+    slack=st.integers(0, 5000),
+    slack_requests=st.integers(0, 8),
+)
+def test_hot_prefix_never_piles_load_beyond_the_guard(n_replicas, prompts, ratio, slack, slack_requests):
+    """Every request carries the same hot prefix, which replica 0 caches fully and nobody ever finishes:
+    the chosen replica's load before the request stays within the guard's bound (or within one prompt of
+    the least-loaded replica, which is the load scorer's own choice)."""
+    guard = HotSpotGuard(max_ratio=ratio, slack_tokens=slack, slack_requests=slack_requests)
+    pipeline = Pipeline.from_config({"outstandingTokens": 1, "prefixCache": 1}, guard=guard)
+    loads = {f"r{i}": 0 for i in range(n_replicas)}
+    counts = {f"r{i}": 0 for i in range(n_replicas)}
+    cached = {"r0"}
+    rng = random.Random(1)
+    for prompt_tokens in prompts:
+        replicas = [
+            snap(name, outstanding_tokens=load, outstanding_requests=counts[name])
+            for name, load in loads.items()
+        ]
+        matches = {name: prompt_tokens for name in cached}
+        decision = pipeline.decide(request(prompt_tokens, matches), replicas, rng)
+        chosen = decision.replica.name
+        least = min(loads.values())
+        guarded = loads[chosen] > guard.bound(least) or counts[chosen] > guard.request_bound(
+            min(counts.values())
+        )
+        if guarded:  # no prefix credit: it won on load alone, so it is within one prompt of the least loaded
+            assert loads[chosen] <= least + prompt_tokens
+        else:
+            assert loads[chosen] <= max(guard.bound(least), least + prompt_tokens)
+        uncached = 0 if chosen in cached else prompt_tokens
+        loads[chosen] += uncached + 10
+        counts[chosen] += 1
+        cached.add(chosen)
+
+
+# --- kvCache and queue ------------------------------------------------------------------------------------
+
+
+def test_kv_and_queue_scorers_treat_stale_as_unknown():
+    candidates = [
+        snap("a", kv_usage=None, queue_waiting=None),
+        snap("b", kv_usage=0.9, queue_waiting=4),
+        snap("c", kv_usage=0.1, queue_waiting=0),
+    ]
+    assert KvCacheScorer().score(request(), candidates) == [NEUTRAL_SCORE, 0.0, 1.0]
+    assert QueueScorer().score(request(), candidates) == [NEUTRAL_SCORE, 0.0, 1.0]
