@@ -109,7 +109,7 @@ TOKENYARD_ARGS = os.environ.get("BENCH_TOKENYARD_ARGS", "").split()
 # The peers' cache_aware settings (bench/router_peers.py grids): each at its defaults, and sglang-router also at
 # the setting of its grid that did best on the tuning workloads (SGLANG_TUNED, chosen as tokenyard's defaults
 # were: on the four tuning workloads only; see the README's router benchmark section for the grid's figures).
-SGLANG_TUNED = "sglang:balance_early"
+SGLANG_TUNED = "sglang:threshold_0.6"
 POLICIES = tuple(
     os.environ.get(
         "BENCH_POLICIES",

@@ -87,13 +87,21 @@ def unique_body(rng: random.Random, key: str) -> dict:
 MANY_TENANTS = 256
 
 
+def prompt_corpus(
+    title: str, count: int, seed: int, length: tuple[int, int], zipf_s: float
+) -> tuple[list[str], list[float]]:
+    """``count`` texts ("<title> <i>. " and a number of words drawn in ``length``), with Zipf(zipf_s)
+    popularity; text i depends only on ``seed + i``."""
+    texts = []
+    for i in range(count):
+        rng = random.Random(seed + i)
+        texts.append(f"{title} {i}. " + words(rng, rng.randint(*length)))
+    return texts, zipf_weights(count, zipf_s)
+
+
 @functools.cache
 def many_tenant_prompts() -> tuple[list[str], list[float]]:
-    prompts = []
-    for i in range(MANY_TENANTS):
-        rng = random.Random(5000 + i)
-        prompts.append(f"Tenant {i} of many. " + words(rng, rng.randint(1500, 4000)))
-    return prompts, zipf_weights(MANY_TENANTS, 1.0)
+    return prompt_corpus("Tenant of many", MANY_TENANTS, 5000, (1500, 4000), 1.0)
 
 
 def zipf_tenants_body(rng: random.Random, progress: float) -> dict:
@@ -123,11 +131,7 @@ DOCUMENTS = 24
 
 @functools.cache
 def documents() -> tuple[list[str], list[float]]:
-    docs = []
-    for i in range(DOCUMENTS):
-        rng = random.Random(9000 + i)
-        docs.append(f"Document {i}. " + words(rng, rng.randint(5000, 9000)))
-    return docs, zipf_weights(DOCUMENTS, 0.6)
+    return prompt_corpus("Document", DOCUMENTS, 9000, (5000, 9000), 0.6)
 
 
 def long_documents_body(rng: random.Random, progress: float) -> dict:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from tokenyard.core.cli import OneLineParser
-from tokenyard.router.core import DEFAULT_WEIGHTS
+from tokenyard.router.core import DEFAULT_MISS_PENALTY, DEFAULT_WEIGHTS
 from tokenyard.router.discovery import (
     ConfigError,
     StaticConfig,
@@ -127,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     route.add_argument(
         "--default-max-tokens", type=int, default=256, help="expected output tokens when a request names none"
     )
+    route.add_argument(
+        "--miss-penalty",
+        type=float,
+        default=DEFAULT_MISS_PENALTY,
+        help="extra cost of each uncached prompt token, as a share of its prefill (default %(default)s)",
+    )
     route.add_argument("--hotspot-ratio", type=float, default=1.5)
     route.add_argument("--hotspot-slack-tokens", type=int, default=2048)
     route.add_argument("--hotspot-slack-requests", type=int, default=4)
@@ -208,6 +214,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         guard=HotSpotGuard(args.hotspot_ratio, args.hotspot_slack_tokens, args.hotspot_slack_requests),
         saturation=SaturationLimits(args.max_outstanding_requests, args.max_queue_waiting),
         weights=parse_weights(args.weights),
+        miss_penalty=args.miss_penalty,
     )
     return ServerOptions(
         host=args.host,

@@ -57,6 +57,12 @@ DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated")
 # min-max). Open-loop hit rate rose to sglang-router's (0.784 vs 0.762) with the same TTFT p99 and tokens/s on
 # shared_prefix_70, but on multi_turn one of three closed-loop rounds dipped in two full runs (1,209 and 1,018
 # tok/s against ~1,400), min-max never did (bench-router, BENCH_VARIANTS, 2026-12-03).
+# outstandingTokens' miss penalty (plugins/outstanding_tokens.expected_load): each uncached prompt token counts
+# 1.5 times, the half being the prefixes its blocks push out. bench-router, one round each, 2026-12-03:
+# shared_prefix_95 TTFT p90 0.435 -> 0.418 s and p99 0.612 -> 0.458 s (engine hit rate 0.771 -> 0.823), multi_turn
+# p90 0.142 -> 0.156 s, p99 0.190 -> 0.182 s, tokens/s within 2% on both; at 1.0 multi_turn's p99 rose to
+# 0.256 s, at 3.0 its p90 to 0.209 s (one replica took the shared system prompt's whole traffic).
+DEFAULT_MISS_PENALTY = 0.5
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,
@@ -77,6 +83,7 @@ class Pipeline:
         filters: Sequence[str] = DEFAULT_FILTERS,
         guard: HotSpotGuard | None = None,
         saturation: SaturationLimits | None = None,
+        miss_penalty: float = DEFAULT_MISS_PENALTY,
     ) -> Pipeline:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         scorers: list[tuple[Scorer, float]] = []
@@ -86,6 +93,8 @@ class Pipeline:
             if weight == 0:
                 continue
             options: dict[str, Any] = {"guard": guard} if name == "prefixCache" and guard else {}
+            if name == "outstandingTokens":
+                options = {"miss_penalty": miss_penalty}
             scorers.append((Scorer.build(name, **options), float(weight)))  # type: ignore[arg-type]
         filter_options: dict[str, dict[str, Any]] = {"notSaturated": {"limits": saturation}}
         built = [Filter.build(name, **filter_options.get(name, {})) for name in filters]

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tokenyard.router.accounting import EjectionPolicy, FailureTracker, LoadLedger, ReplicaLoad, Ticket
-from tokenyard.router.core import DEFAULT_FILTERS, Pipeline
+from tokenyard.router.core import DEFAULT_FILTERS, DEFAULT_MISS_PENALTY, Pipeline
 from tokenyard.router.discovery import Endpoint, ModelView
 from tokenyard.router.enginestats import EngineStats
 from tokenyard.router.framework import ReplicaSnapshot, RoutingDecision, RoutingRequest
@@ -80,6 +80,7 @@ class RouterSettings:
     filters: tuple[str, ...] = DEFAULT_FILTERS
     weights: Mapping[str, float] | None = None  # None = core.DEFAULT_WEIGHTS; a ModelView's weights win
     retry_after_s: int = 1
+    miss_penalty: float = DEFAULT_MISS_PENALTY  # see plugins.outstanding_tokens.expected_load
 
 
 @dataclass
@@ -219,7 +220,11 @@ class RouterState:
         pipeline = self._pipelines.get(key)
         if pipeline is None:
             pipeline = Pipeline.from_config(
-                weights, self.settings.filters, self.settings.guard, self.settings.saturation
+                weights,
+                self.settings.filters,
+                self.settings.guard,
+                self.settings.saturation,
+                self.settings.miss_penalty,
             )
             self._pipelines[key] = pipeline
         return pipeline

@@ -142,3 +142,15 @@ def test_kv_and_queue_scorers_treat_stale_as_unknown():
     ]
     assert KvCacheScorer().score(request(), candidates) == [NEUTRAL_SCORE, 0.0, 1.0]
     assert QueueScorer().score(request(), candidates) == [NEUTRAL_SCORE, 0.0, 1.0]
+
+
+def test_a_miss_penalty_makes_a_cold_replica_pay_for_the_prefixes_it_would_push_out():
+    # warm holds 900 of the 1,000 prompt tokens but owes 800 more than cold
+    candidates = [snap("warm", outstanding_tokens=1_000), snap("cold", outstanding_tokens=200)]
+    req = request(prompt_tokens=1_000, matches={"warm": 900})
+    plain = OutstandingTokensScorer().raw(req, candidates)
+    assert plain == [1_100.0, 1_200.0]  # the prefill alone already favours warm, by 100 tokens
+    penalised = OutstandingTokensScorer(miss_penalty=1.0).raw(req, candidates)
+    assert penalised == [1_200.0, 2_200.0]  # each uncached token counted twice
+    built = Pipeline.from_config({"outstandingTokens": 1.0}, miss_penalty=0.5)
+    assert built.scorers[0][0].miss_penalty == 0.5
