@@ -377,26 +377,34 @@ class HpaPolicy(Autoscaler):
         self.value = metrics[self.metric]
 
     def decide(self, now, current, ready, pending):
+        """Held to the HPA's documentation and source by tests/unit/bench/test_autoscaler_baselines.py."""
         if self.value is None:
             return current
         if self.per_ready_group:  # a per-pod average ("Pods" metric): ratio x ready pods
             ratio = self.value / max(ready, 1) / self.target
             wanted = current if abs(ratio - 1) <= 0.1 else math.ceil(ratio * max(ready, 1))
+            if ratio > 1.1 and ready < current:
+                # Pods not ready yet count as using 0% of the target before a scale-up; if that reverses the
+                # direction or lands within the tolerance, nothing changes (replica_calculator.go).
+                ratio = self.value / current / self.target
+                wanted = current if ratio <= 1.1 else math.ceil(ratio * current)
         else:  # KEDA's external metric as AverageValue: ceil(total / target)
             ratio = self.value / (self.target * max(current, 1))
             wanted = current if abs(ratio - 1) <= 0.1 else math.ceil(self.value / self.target)
         wanted = min(max(wanted, MIN_GROUPS), MAX_GROUPS)
         self.recommendations.append((now, wanted))
-        while now - self.recommendations[0][0] > 300:
+        while now - self.recommendations[0][0] >= 300:  # kept only while after now - 300 s
             self.recommendations.popleft()
         while self.steps and now - self.steps[0][0] >= 15:
             self.steps.popleft()
         if wanted < current:
-            wanted = max(r for _, r in self.recommendations)  # scale-down stabilisation
-            wanted = max(wanted, current - current)  # 100% per 15 s
+            # scale-down stabilisation: the highest recommendation of the window, never above the current count
+            wanted = min(current, max(r for _, r in self.recommendations))
         elif wanted > current:
-            added = sum(max(a - b, 0) for _, b, a in self.steps)
-            wanted = min(wanted, current + max(4, current) - added)
+            # default scale-up policies: 4 pods or 100% per 15 s, whichever allows more, counted from the
+            # replicas at the start of the period
+            start = current - sum(a - b for _, b, a in self.steps)
+            wanted = min(wanted, max(start + 4, 2 * start))
         if wanted != current:
             self.steps.append((now, current, wanted))
         return wanted
@@ -431,13 +439,15 @@ class KnativePolicy(Autoscaler):
         want_stable = math.ceil(stable / self.target)
         want_panic = math.ceil(panic / self.target)
         if want_panic / ready >= 2.0:
+            if self.panic_since is None:
+                self.max_panic = ready  # the panic's floor starts at the ready pods
             self.panic_since = now
-        elif self.panic_since is not None and now - self.panic_since >= 60:
+        elif self.panic_since is not None and now - self.panic_since > 60:
             self.panic_since, self.max_panic = None, 0
         if self.panic_since is not None:
+            # never below the highest count decided during this panic (autoscaler.go maxPanicPods)
             want = max(want_panic, want_stable, self.max_panic)
             self.max_panic = want
-            want = max(want, current)  # never scale down in panic
         else:
             want = want_stable
         want = min(want, 1000 * ready)  # max-scale-up-rate
