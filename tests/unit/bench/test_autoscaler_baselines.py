@@ -135,7 +135,7 @@ def test_scale_down_waits_for_the_300_s_stabilization_window_then_drops_at_once(
     # From t=300 the metric asks for 2. While the t=285 recommendation is less than 300 s old, it holds.
     for t in range(300, 585, 15):
         assert _hpa_step(policy, float(t), 2.0, current=10) == 10, t
-    _hpa_step(policy, 585.0, 2.0, current=10)  # the boundary case: see the xfail test below
+    _hpa_step(policy, 585.0, 2.0, current=10)  # the boundary case: see the next test
     # By t=600 every recommendation of 10 is more than 300 s old: straight down to 2 (100 % per 15 s).
     assert _hpa_step(policy, 600.0, 2.0, current=10) == 2
 
