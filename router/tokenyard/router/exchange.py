@@ -146,9 +146,8 @@ class Exchange:
                 if last_error is not None and error.status == 503:
                     raise last_error from None  # nothing else to try: report what went wrong
                 raise
-            if (
-                tried
-            ):  # a retry happens only once another replica took it: counted against the one that failed
+            # A retry happens only once another replica took the request: counted against the one that failed.
+            if tried:
                 forwarder.metrics.retries.labels(route.model, tried[-1]).inc()
             tried.append(route.endpoint.name)
             endpoint = route.endpoint
@@ -322,10 +321,12 @@ class Exchange:
         elapsed = self.forwarder.clock() - self.started
         labels = (route.namespace, route.model, route.revision)
         if self.ending is Ending.SUCCESS and not self.shadow:
-            produced = (
-                self.usage_output_tokens if self.usage_output_tokens is not None else self.output_events
-            )
-            self.forwarder.state.learn_output_tokens(self.request.model, produced)
+            # Streamed events count tokens; a whole answer without usage says nothing of its length.
+            produced = self.usage_output_tokens
+            if produced is None and self.streams:
+                produced = self.output_events
+            if produced is not None:
+                self.forwarder.state.learn_output_tokens(self.request.model, produced)
         if self.shadow:
             # A copy cut short by the router (its shutdown, a bug) says nothing of the revision: the canary
             # analysis reads outcome="error" as the shadow revision's errors, so it is counted apart.

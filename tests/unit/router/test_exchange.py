@@ -718,3 +718,16 @@ async def test_a_finished_answer_teaches_its_output_length_a_broken_one_does_not
             async for _ in exchange.stream():
                 pass
     assert r.state.output_length_for(MODEL).observations == 1
+
+
+@pytest.mark.parametrize("usage", [None, {"prompt_tokens": 21, "completion_tokens": 5, "total_tokens": 26}])
+async def test_a_whole_answer_teaches_its_length_only_through_its_usage(engines, router, usage):
+    answer = {"choices": [{"index": 0, "text": "a whole answer", "finish_reason": "stop"}]}
+    if usage:
+        answer["usage"] = usage
+    (engine,) = await engines(FakeEngine(json_body=answer))
+    r = router([Endpoint("e0", engine.url)])
+    async with r.forwarder.exchange(completion(stream=False)) as exchange:
+        await exchange.read()
+    lengths = r.state.output_length_for(MODEL)
+    assert (lengths.observations, lengths.total_tokens) == ((1, 5) if usage else (0, 0))
