@@ -75,7 +75,13 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
-from router_peers import SGLANG_ROUTER_GRID, VLLM_ROUTER_GRID, cache_aware_argv
+from router_peers import (
+    READINESS_PATH,
+    SGLANG_ROUTER_GRID,
+    VLLM_ROUTER_GRID,
+    cache_aware_argv,
+    router_ready,
+)
 from router_workloads import (
     OUTPUT_TOKENS,
     Request,
@@ -523,6 +529,7 @@ def summarise(run: PolicyRun) -> dict[str, float]:
 
 class RouterProcess:
     def __init__(self, policy: str, engines: list[str]) -> None:
+        self.peer = ":" in policy  # sglang:SETTING, vllm:SETTING
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if policy == "tokenyard" or policy in VARIANTS:
@@ -560,7 +567,13 @@ class RouterProcess:
                 raise RuntimeError(
                     f"router exited {self.proc.returncode}: {self.proc.stderr.read().decode()[-2000:]}"
                 )
-            with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+                if self.peer:  # a peer routes once some worker is healthy: wait until every one is
+                    async with session.get(self.url + READINESS_PATH) as response:
+                        body = await response.json(content_type=None)
+                        if not router_ready(response.status, body):
+                            await asyncio.sleep(0.2)
+                            continue
                 payload = {"model": MODEL, "prompt": "warm up", "max_tokens": 1}
                 async with session.post(self.url + "/v1/completions", json=payload) as response:
                     if response.status == 200:

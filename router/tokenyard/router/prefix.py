@@ -102,10 +102,6 @@ def private_blocks(full_prompt_blocks: int, prompt_tokens: int, output_tokens: i
     return max(0, total - full_prompt_blocks)
 
 
-def estimate_tokens(text: str, chars_per_token: int = DEFAULT_CHARS_PER_TOKEN) -> int:
-    return (len(text.encode("utf-8", "surrogatepass")) + chars_per_token - 1) // chars_per_token
-
-
 class ReplicaPrefixCache:
     """What one replica most likely still caches: an LRU of chained block hashes with a capacity in blocks
     and an optional maximum age (seconds since the block was last sent there)."""
