@@ -55,6 +55,9 @@ PLURAL = "inferenceautoscalers"
 COMPONENT_NAME = "tokenyard-autoscaler"
 LEASE_NAME = "tokenyard-autoscaler"
 MERGE_PATCH = "application/merge-patch+json"
+# Stages of tokenyard_autoscaler_errors_total: the loop itself (listing autoscalers), one autoscaler's pass.
+STAGE_LOOP, STAGE_RECONCILE = "loop", "reconcile"
+ERROR_STAGES = (STAGE_LOOP, STAGE_RECONCILE)
 # On SIGTERM: how long the pass in flight may go on, then how long releasing the Lease may take. Together well
 # inside Kubernetes' default 30 s termination grace period, whatever the API server and Prometheus do.
 DRAIN_SECONDS = 5.0
@@ -296,6 +299,8 @@ class AutoscalerMetrics:
         self.errors = Counter(
             "tokenyard_autoscaler_errors_total", "Failed iterations by stage.", ["stage"], registry=r
         )
+        for stage in ERROR_STAGES:  # at zero from the start: a healthy autoscaler's error panel reads 0
+            self.errors.labels(stage)
         self.leader = Gauge(
             "tokenyard_autoscaler_leader", "1 while this replica holds the lease.", registry=r
         )
@@ -477,7 +482,7 @@ class AutoscalerController:
         except asyncio.CancelledError:
             raise
         except Exception:  # the loop survives anything one pass throws
-            self.metrics.errors.labels("loop").inc()
+            self.metrics.errors.labels(STAGE_LOOP).inc()
             log.exception("autoscaler pass failed; retrying in %.0fs", self.tick_seconds)
 
     async def _finish_or_abandon(self, one_pass: asyncio.Task) -> None:
@@ -508,7 +513,7 @@ class AutoscalerController:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.metrics.errors.labels("reconcile").inc()
+                self.metrics.errors.labels(STAGE_RECONCILE).inc()
                 log.exception("%s/%s: reconcile failed", key[0], key[1])
                 with contextlib.suppress(Exception):
                     await self._write_failure(obj, "InternalError", f"{exc.__class__.__name__}: {exc}")
@@ -638,6 +643,9 @@ class AutoscalerController:
             m.signal.labels(namespace, name, n).set(float("nan") if value is None else value)
             m.target.labels(namespace, name, n).set(s.target)
         m.decisions.labels(namespace, name, decision.direction.value, decision.reason_code).inc()
+        # Scale writes are events: declared at zero so that a calm autoscaler's panel reads 0, not "No data".
+        for direction in (Direction.UP, Direction.DOWN):
+            m.scale_actions.labels(namespace, name, direction.value)
 
     async def _write_status(self, obj, spec, tracked, counts, decision, readings, now, scaled, scale_error):
         meta = obj["metadata"]

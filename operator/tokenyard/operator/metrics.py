@@ -102,12 +102,22 @@ class OperatorMetrics:
         """After a reconcile: its groups by phase, whether some cannot be placed, and the GPUs of the cluster
         (stranded against the shapes of every deployment this operator runs)."""
         namespace, name = key
+        self.declare_deployment(namespace, name)
         phases = group_phase_counts(groups)
         for phase in GROUP_PHASES:
             self.groups.labels(namespace, name, phase).set(phases.get(phase, 0))
         self.pending_groups.labels(namespace, name, "InsufficientCapacity").set(1 if capacity_problem else 0)
         for state, value in gpu_states(nodes, shapes_in_use).items():
             self.gpus.labels(state).set(value)
+
+    def declare_deployment(self, namespace: str, name: str) -> None:
+        """Export the deployment's event counters at zero before their first event (errors, recreated groups,
+        a transition into each rollout phase), so that a dashboard or alert reads 0 in a calm fleet rather
+        than "No data". ``labels()`` without an increment creates a child at 0 and leaves an existing one be."""
+        self.reconcile_errors.labels(namespace, name)
+        self.groups_recreated.labels(namespace, name)
+        for phase in ROLLOUT_PHASES:
+            self.rollout_transitions.labels(namespace, name, phase)
 
     def export_rollout(
         self,

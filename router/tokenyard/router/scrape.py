@@ -243,6 +243,7 @@ class EngineProber:
         endpoints = self.state.endpoints()
         known = {endpoint.name for endpoint in endpoints}
         self.metrics.retain_replicas(known)
+        self.metrics.declare(self.state.models.values())
         for per_replica in (self._health_failures, self._metrics_failures):
             for name in per_replica.keys() - known:
                 del per_replica[name]

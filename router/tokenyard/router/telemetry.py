@@ -10,9 +10,19 @@ labels: without it Prometheus would rename this label to ``exported_namespace`` 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from tokenyard.core.metrics import LATENCY_BUCKETS_S  # shared with the operator's analysis
+from tokenyard.router.discovery import ModelView
+from tokenyard.router.shadowpair import OUTCOMES as PAIR_OUTCOMES
+
+# Outcomes of a shadow copy (tokenyard_router_shadow_requests_total): ok, error, dropped before it ran, and
+# abandoned (cut short by the router's shutdown).
+SHADOW_OUTCOMES = ("ok", "error", "dropped", "abandoned")
+# The code the router answers when a replica fails it (unreachable, or its stream broke): the error series
+# declared at zero for every replica, so that an error panel reads 0 in a calm fleet rather than "No data".
+UPSTREAM_FAILURE_CODE = "502"
 
 # How long a departed replica's counters stay exported: many Prometheus scrape intervals, so that what was
 # counted after the last scrape is still read.
@@ -201,6 +211,27 @@ class RouterMetrics:
             self.health_check_failures,
         )
         self._departed: dict[str, float] = {}  # replica -> when it left (monotonic seconds)
+
+    def declare(self, views: Iterable[ModelView]) -> None:
+        """Export at zero the event counters of every label set discovery knows of, before their first event:
+        a dashboard or an alert on errors, retries, ejections or shadow outcomes then reads 0 in a calm fleet
+        instead of "No data" (and a ratio such as the shadow mismatch ratio is defined). ``labels()`` without
+        an increment creates the child at 0 and leaves an existing one alone, so this is idempotent."""
+        for view in views:
+            for endpoint in view.endpoints:
+                self.ejections.labels(endpoint.name)
+                self.retries.labels(view.served_name, endpoint.name)
+                self.errors.labels(
+                    view.namespace, view.served_name, endpoint.revision, endpoint.name, UPSTREAM_FAILURE_CODE
+                )
+            if view.shadow is not None:
+                labels = (view.namespace, view.served_name, view.shadow.revision)
+                for outcome in SHADOW_OUTCOMES:
+                    self.shadow_requests.labels(*labels, outcome)
+                for outcome in PAIR_OUTCOMES:
+                    self.shadow_pairs.labels(*labels, outcome)
+                for match in ("true", "false"):
+                    self.shadow_output_match.labels(*labels, match)
 
     def forget_replica(self, replica: str, now: float | None = None) -> None:
         """The replica left discovery: drop its gauges now, its counters once the grace period has passed."""

@@ -287,6 +287,24 @@ async def test_auto_mode_scales_up_writes_status_and_an_event():
     assert 'tokenyard_autoscaler_scale_actions_total{autoscaler="a",direction="Up",namespace="ns"}' in text
 
 
+async def test_a_calm_autoscaler_exports_its_error_and_scale_counters_at_zero():
+    metrics = AutoscalerMetrics()
+    for stage in ("loop", "reconcile"):  # from the start, before any autoscaler is seen
+        assert metrics.registry.get_sample_value("tokenyard_autoscaler_errors_total", {"stage": stage}) == 0
+    clock = [1000.0]
+    c = make_controller(
+        [autoscaler("a", "llama")],
+        {"llama": {"replicas": 2, "ready": 2}},
+        {"KVCacheUsage": 0.7, "QueuedTokens": 0.0},  # exactly at target: nothing to scale
+        lambda: clock[0],
+    )
+    await passes(c, clock, 2)
+    assert c.custom.scale_writes == []
+    for direction in ("Up", "Down"):
+        labels = {"namespace": "ns", "autoscaler": "a", "direction": direction}
+        assert c.metrics.registry.get_sample_value("tokenyard_autoscaler_scale_actions_total", labels) == 0
+
+
 async def test_status_names_each_signal_with_its_last_value():
     clock = [1000.0]
     c = make_controller(

@@ -2,7 +2,7 @@
 
 from prometheus_client import CollectorRegistry
 from tokenyard.operator.groups import GroupView, MemberView
-from tokenyard.operator.metrics import OperatorMetrics, gpu_states, group_phase_counts
+from tokenyard.operator.metrics import ROLLOUT_PHASES, OperatorMetrics, gpu_states, group_phase_counts
 from tokenyard.operator.placement import GroupShape, Node
 from tokenyard.operator.rollout import Phase, RolloutState
 
@@ -89,6 +89,23 @@ def test_export_groups_counts_phases_capacity_and_gpus():
     assert value(metrics, "tokenyard_operator_gpus", state="allocated") == 10
     assert value(metrics, "tokenyard_operator_gpus", state="free") == 6
     assert value(metrics, "tokenyard_operator_gpus", state="stranded") == 6
+
+
+def test_a_calm_deployment_exports_its_event_counters_at_zero_after_its_first_reconcile():
+    metrics = OperatorMetrics()
+    key = dict(namespace="ns", deployment="llm")
+    assert value(metrics, "tokenyard_operator_reconcile_errors_total", **key) is None
+    metrics.export_groups(("ns", "llm"), [group(0)], None, [], [])
+    assert value(metrics, "tokenyard_operator_reconcile_errors_total", **key) == 0
+    assert value(metrics, "tokenyard_operator_groups_recreated_total", **key) == 0
+    for phase in ROLLOUT_PHASES:
+        assert value(metrics, "tokenyard_rollout_transitions_total", **key, phase=phase) == 0
+    # Declaring again never resets a counter that has counted.
+    metrics.reconcile_errors.labels("ns", "llm").inc()
+    metrics.export_groups(("ns", "llm"), [group(0)], None, [], [])
+    assert value(metrics, "tokenyard_operator_reconcile_errors_total", **key) == 1
+    metrics.forget_deployment("ns", "llm")
+    assert value(metrics, "tokenyard_rollout_transitions_total", **key, phase="Healthy") is None
 
 
 def test_gpu_states_of_no_nodes_are_zero():

@@ -2,7 +2,7 @@ import random
 
 import pytest
 from tokenyard.router.__main__ import main
-from tokenyard.router.discovery import Endpoint, ModelView, models_from_cluster
+from tokenyard.router.discovery import Endpoint, ModelView, Shadow, models_from_cluster
 from tokenyard.router.prefix import hash_prompt
 from tokenyard.router.state import RouterState
 from tokenyard.router.telemetry import REPLICA_COUNTER_GRACE_SECONDS, RouterMetrics
@@ -50,6 +50,43 @@ def test_a_replica_that_leaves_takes_its_gauges_at_once_and_its_counters_after_t
     assert replicas_in(metrics, "tokenyard_router_requests_total") == {"b", ""}
     metrics.retain_replicas(set(), now=1000.0 + REPLICA_COUNTER_GRACE_SECONDS)
     assert replicas_in(metrics, "tokenyard_router_requests_total") == {""}
+
+
+def test_every_known_label_set_has_its_event_counters_at_zero_before_the_first_event():
+    metrics = RouterMetrics()
+    views = [
+        ModelView(
+            "m",
+            endpoints=(Endpoint("a", "http://127.0.0.1:1", "v1"), Endpoint("b", "http://127.0.0.1:2", "v2")),
+            shadow=Shadow("v2", 0.1),
+            namespace="ns",
+        )
+    ]
+    metrics.declare(views)
+
+    def sample(name, **labels):
+        return metrics.registry.get_sample_value(name, labels)
+
+    for replica, revision in (("a", "v1"), ("b", "v2")):
+        assert sample("tokenyard_router_ejections_total", replica=replica) == 0
+        assert sample("tokenyard_router_retries_total", model="m", replica=replica) == 0
+        errors = dict(namespace="ns", model="m", revision=revision, replica=replica, code="502")
+        assert sample("tokenyard_router_errors_total", **errors) == 0
+    shadow = dict(namespace="ns", model="m", revision="v2")
+    for outcome in ("ok", "error", "dropped", "abandoned"):
+        assert sample("tokenyard_router_shadow_requests_total", **shadow, outcome=outcome) == 0
+    for outcome in ("both_ok", "shadow_only_error", "primary_only_error", "both_error"):
+        assert sample("tokenyard_router_shadow_pairs_total", **shadow, outcome=outcome) == 0
+    # The mismatch ratio's numerator exists at 0: the panel reads 0, not "No data", while outputs agree.
+    assert sample("tokenyard_router_shadow_output_match_total", **shadow, match="false") == 0
+    # Declaring on every export never resets what was counted.
+    metrics.retries.labels("m", "a").inc()
+    metrics.declare(views)
+    assert sample("tokenyard_router_retries_total", model="m", replica="a") == 1
+    # A replica that leaves takes its declared counters with it after the grace, like counted ones.
+    metrics.retain_replicas({"b"}, now=0.0)
+    metrics.retain_replicas({"b"}, now=REPLICA_COUNTER_GRACE_SECONDS)
+    assert sample("tokenyard_router_ejections_total", replica="a") is None
 
 
 def test_a_replica_that_comes_back_within_the_grace_keeps_its_counters():
