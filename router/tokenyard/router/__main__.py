@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from tokenyard.core.cli import OneLineParser
-from tokenyard.router.core import DEFAULT_MISS_PENALTY, DEFAULT_WEIGHTS
+from tokenyard.router.core import DEFAULT_FILTERS, DEFAULT_MISS_PENALTY, DEFAULT_WEIGHTS
 from tokenyard.router.discovery import (
     ConfigError,
     StaticConfig,
@@ -19,7 +19,8 @@ from tokenyard.router.discovery import (
     parse_shadow,
     parse_traffic,
 )
-from tokenyard.router.framework import Scorer
+from tokenyard.router.epp import DEFAULT_FALLBACKS
+from tokenyard.router.framework import Filter, Scorer
 from tokenyard.router.kube import DiscoveryUnavailable
 from tokenyard.router.plugins.not_saturated import SaturationLimits
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
@@ -96,6 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--grpc-port", type=int, default=9090, help="gRPC port; -1 disables (default %(default)s)"
     )
+    serve.add_argument(
+        "--epp-port",
+        type=int,
+        default=-1,
+        help="serve the Gateway API Inference Extension's endpoint picker (Envoy ext_proc, gRPC) on this port; "
+        "-1 disables (default %(default)s)",
+    )
+    serve.add_argument(
+        "--epp-fallbacks",
+        type=int,
+        default=DEFAULT_FALLBACKS,
+        help="endpoints the picker names after the primary, for the gateway to retry on (default %(default)s)",
+    )
     serve.add_argument("--metrics-port", type=int, default=9091, help="Prometheus port (default %(default)s)")
     serve.add_argument("--redis-url", help="share load and prefix state with peer routers through this Redis")
     serve.add_argument("--router-id", help="this router's id in Redis (default: random)")
@@ -116,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="scorer weights (default: "
         + ",".join(f"{k}={v:g}" for k, v in DEFAULT_WEIGHTS.items())
         + "); a ModelDeployment's spec.routing.weights wins",
+    )
+    route.add_argument(
+        "--filters",
+        metavar="NAME,...",
+        help="filters, in order (default: " + ",".join(DEFAULT_FILTERS) + ")",
     )
     route.add_argument(
         "--tokenizer",
@@ -174,6 +193,17 @@ def parse_weights(text: str | None) -> dict[str, float] | None:
     return weights
 
 
+def parse_filters(text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return DEFAULT_FILTERS
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in Filter.registry]
+    if unknown:
+        known = ", ".join(sorted(Filter.registry))
+        raise ConfigError(f"--filters: unknown filter(s) {', '.join(unknown)}; known: {known}")
+    return names
+
+
 def tokenizer_from_flag(spec: str | None) -> Tokenizer | None:
     if not spec:
         return None
@@ -207,6 +237,10 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     for flag in ("port", "metrics_port"):
         if not 0 <= getattr(args, flag) <= 65535:
             raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: not a port number")
+    if not -1 <= args.epp_port <= 65535:
+        raise ConfigError(f"--epp-port {args.epp_port}: not a port number (-1 disables the endpoint picker)")
+    if args.epp_fallbacks < 0:
+        raise ConfigError(f"--epp-fallbacks {args.epp_fallbacks}: must be >= 0")
     settings = RouterSettings(
         default_max_tokens=args.default_max_tokens,
         chars_per_token=args.chars_per_token,
@@ -214,12 +248,15 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         guard=HotSpotGuard(args.hotspot_ratio, args.hotspot_slack_tokens, args.hotspot_slack_requests),
         saturation=SaturationLimits(args.max_outstanding_requests, args.max_queue_waiting),
         weights=parse_weights(args.weights),
+        filters=parse_filters(args.filters),
         miss_penalty=args.miss_penalty,
     )
     return ServerOptions(
         host=args.host,
         port=args.port,
         grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+        epp_port=None if args.epp_port < 0 else args.epp_port,
+        epp_fallbacks=args.epp_fallbacks,
         metrics_port=args.metrics_port,
         static=static,
         served_model=args.served_model,

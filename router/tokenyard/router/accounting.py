@@ -4,13 +4,31 @@ A request adds its prompt tokens the replica has not cached (work still to prefi
 tokens when it is routed. The prefill part is released when the first token arrives, decode tokens as they
 stream, and whatever remains when the request ends - on success, error, timeout or client disconnect alike
 (a counter that is only released on success drifts; see skypilot-org/skypilot#10444).
+
+The ledger also counts each replica's KV footprint in flight: the distinct prompt blocks its open tickets hold
+(a prefix shared by several requests on one replica is held once, as the engine's paged cache holds it) plus
+each request's private blocks (the prompt's tail and its output). An engine admits a waiting request only when
+its blocks fit beside the running ones (vLLM's scheduler, SGLang's alike), so a request sent where its new
+blocks do not fit waits for others to finish however little compute that replica owes.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class KvHold:
+    """The KV cache a request takes on its replica: its prompt's full blocks (chained hashes, shared with the
+    other requests in flight there that carry the same prefix) and its private blocks, ``tokens_per_block``
+    tokens each (a fraction for character blocks)."""
+
+    blocks: tuple[int, ...]
+    private_blocks: int
+    tokens_per_block: float
 
 
 @dataclass
@@ -22,6 +40,7 @@ class Ticket:
     prefill_left: int
     decode_left: int
     closed: bool = False
+    kv: KvHold | None = None  # the KV blocks the request holds on its replica while in flight
 
     @property
     def tokens_left(self) -> int:
@@ -41,18 +60,51 @@ class LoadLedger:
         self._ids = itertools.count(1)
         self._loads: dict[str, ReplicaLoad] = defaultdict(ReplicaLoad)
         self._open: dict[int, Ticket] = {}
+        # replica -> block hash -> open tickets holding it; replica -> KV tokens those tickets hold
+        self._held_blocks: dict[str, Counter[int]] = defaultdict(Counter)
+        self._held_tokens: dict[str, float] = defaultdict(float)
+        self._kv_holders: Counter[str] = Counter()  # replica -> open tickets with a KvHold
 
-    def open(self, replica: str, prefill_tokens: int, decode_tokens: int) -> Ticket:
+    def open(self, replica: str, prefill_tokens: int, decode_tokens: int, kv: KvHold | None = None) -> Ticket:
         if prefill_tokens < 0 or decode_tokens < 0:
             raise ValueError(
                 f"token counts must be >= 0, got prefill={prefill_tokens} decode={decode_tokens}"
             )
-        ticket = Ticket(next(self._ids), replica, prefill_tokens, decode_tokens)
+        ticket = Ticket(next(self._ids), replica, prefill_tokens, decode_tokens, kv=kv)
         load = self._loads[replica]
         load.tokens += ticket.tokens_left
         load.requests += 1
         self._open[ticket.id] = ticket
+        if kv is not None:
+            self._hold(replica, kv, +1)
         return ticket
+
+    def _hold(self, replica: str, kv: KvHold, sign: int) -> None:
+        held = self._held_blocks[replica]
+        for block in kv.blocks:
+            before = held[block]
+            held[block] = before + sign
+            if before == 0 or held[block] == 0:  # the first holder brings the block, the last takes it away
+                self._held_tokens[replica] += sign * kv.tokens_per_block
+            if held[block] == 0:
+                del held[block]
+        self._held_tokens[replica] += sign * kv.private_blocks * kv.tokens_per_block
+        self._kv_holders[replica] += sign
+        if self._kv_holders[replica] == 0:  # nothing in flight: exactly zero, no float residue left behind
+            del self._kv_holders[replica], self._held_blocks[replica], self._held_tokens[replica]
+
+    def kv_held_tokens(self, replica: str) -> float:
+        """KV tokens the open tickets on ``replica`` hold (shared prefix blocks counted once)."""
+        return max(0.0, self._held_tokens.get(replica, 0.0))
+
+    def kv_new_tokens(
+        self, replica: str, blocks: Sequence[int], private_blocks: int, tokens_per_block: float
+    ) -> float:
+        """KV tokens a request with these blocks would add on ``replica``: the blocks no open ticket there holds
+        yet, and its private ones."""
+        held = self._held_blocks.get(replica)
+        shared = sum(1 for block in blocks if block in held) if held else 0
+        return (len(blocks) - shared + private_blocks) * tokens_per_block
 
     def first_token(self, ticket: Ticket) -> None:
         """The prompt is prefilled: release its prefill share."""
@@ -77,11 +129,20 @@ class LoadLedger:
         load = self._loads[ticket.replica]
         load.tokens -= ticket.tokens_left
         load.requests -= 1
+        if ticket.kv is not None:
+            self._hold(ticket.replica, ticket.kv, -1)
         ticket.prefill_left = ticket.decode_left = 0
         ticket.closed = True
         del self._open[ticket.id]
         if load.requests == 0 and load.tokens == 0:
             del self._loads[ticket.replica]
+
+    def move(self, ticket: Ticket, replica: str) -> Ticket:
+        """The request is served by ``replica`` after all (a gateway fell back to it): what it still owes and
+        the KV blocks it holds move there; the old ticket is closed, the new one returned."""
+        moved = self.open(replica, ticket.prefill_left, ticket.decode_left, ticket.kv)
+        self.close(ticket)
+        return moved
 
     def load(self, replica: str) -> ReplicaLoad:
         found = self._loads.get(replica)

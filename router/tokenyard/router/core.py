@@ -38,6 +38,10 @@ def pick_max(scores: Sequence[tuple[str, float]], rng: random.Random) -> str | N
     return tied[0] if len(tied) == 1 else rng.choice(tied)
 
 
+# kvFits (plugins/kv_fits.py) is not a default yet: on bench-router zipf_tenants (one run, 3 rounds, machine
+# shared with other work, 2026-12-03) it did not change closed-loop tokens/s beyond the round-to-round spread
+# (393 against 447 tok/s without it, sglang-router 585), and it has not been run on the tuning workloads. Put it
+# last when enabled (--filters ...,kvFits): it only narrows, and keeps every candidate when it fits nowhere.
 DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated")
 # Scorer weights when a ModelDeployment gives none (spec.routing.weights uses the same keys).
 # THE RULE for every default here and in HotSpotGuard / SaturationLimits: it is chosen on bench-router's four

@@ -69,9 +69,12 @@ class StreamBroken(Exception):
     recorded it; the front only tells its client."""
 
 
-class Exchange:
-    """One request routed to one replica (see the module's docstring). A shadow copy (``shadow=True``) is
-    accounted on the ledger like any request but counted apart: in the shadow metrics and its pair only."""
+class RoutedRequest:
+    """One request routed to one replica and the replica's answer, accounted: the ticket its route holds in the
+    ledger, the answer's tokens as they are relayed, and its ending. Whoever moves the bytes subclasses it:
+    ``Exchange`` (the router forwards the request itself) and ``epp.GatewayExchange`` (a gateway forwards it
+    and passes the answer through the endpoint picker protocol). A shadow copy (``shadow=True``) is accounted
+    on the ledger like any request but counted apart: in the shadow metrics and its pair only."""
 
     def __init__(
         self,
@@ -86,8 +89,8 @@ class Exchange:
         self.started = started  # monotonic time the client's request arrived
         self.shadow = shadow
         self.route: Route | None = None
-        self.response: aiohttp.ClientResponse | None = None
-        self.attempts = 0
+        self.status: int | None = None  # the replica's answer's status, once it came
+        self.content_type = ""  # the replica's answer's Content-Type
         self.ending: Ending | None = None
         self.code: int | None = None  # the status the client got; 499 client gone, 502 stream broken
         self.first_token_at: float | None = None
@@ -112,8 +115,191 @@ class Exchange:
     @property
     def streams(self) -> bool:
         """Whether the replica answers with an event stream (else one JSON body)."""
-        assert self.response is not None
-        return self.response.headers.get("Content-Type", "").startswith("text/event-stream")
+        return self.content_type.startswith("text/event-stream")
+
+    def answered(self, status: int, content_type: str) -> None:
+        """The replica's answer began with ``status``: a 5xx counts towards its ejection, anything else clears
+        its failures."""
+        assert self.route is not None
+        self.status, self.content_type = status, content_type
+        endpoint = self.route.endpoint
+        if status >= 500:
+            self.forwarder.replica_failed(endpoint.name, f"{endpoint.url} answered {status}")
+        else:
+            self.forwarder.state.record_success(endpoint.name)
+
+    def _broke(self, error: BaseException) -> StreamBroken:
+        assert self.route is not None
+        name = self.route.endpoint.name
+        self._broken = True
+        self.forwarder.replica_failed(name, f"its stream broke: {error!r}")
+        return StreamBroken(f"stream from replica {name} broke: {error!r}")
+
+    def _feed(self, chunk: bytes, decode: bool = False) -> list[ResponseEvent]:
+        """Accounts for one read of the replica's event stream; returns the events it completed. ``decode``:
+        each event's JSON is decoded now (raises StreamDecodeError when one does not decode)."""
+        events = self._decoder.feed(chunk)
+        if decode:
+            for event in events:
+                if not event.done:
+                    event.payload  # noqa: B018 - decoded now, cached for the caller
+        self._account(events, whole=False)
+        return events
+
+    def _account_whole(self, body: bytes) -> None:
+        """Accounts for the replica's whole (non-streamed) answer."""
+        self._account([decode_body(body)], whole=True)
+
+    def _account(self, events: list[ResponseEvent], whole: bool) -> None:
+        """Accounts for what was relayed. Time to first token is taken at the first event that carries
+        generated text (or at the whole body of a non-streamed answer, ``whole``); the gaps between later
+        reads that carry text are the inter-token latencies. Each event that carries text releases one decode
+        token of the ticket (one event ~ one token, as engines stream)."""
+        route = self.route
+        assert route is not None
+        if self.text is not None:
+            for event in events:
+                self.text.add(event)
+        if self.usage_output_tokens is None and not self.shadow:
+            self._read_usage(events)
+        carrying = len(events) if whole else sum(event.carries_token for event in events)
+        self.output_events += carrying
+        if carrying:
+            now = self.forwarder.clock()
+            if self.first_token_at is None:
+                self.first_token_at = now
+                self.forwarder.state.ledger.first_token(route.ticket)
+                if not self.shadow:
+                    self.forwarder.metrics.ttft.labels(route.namespace, route.model, route.revision).observe(
+                        now - self.started
+                    )
+            elif not self.shadow:
+                if self._inter_token is None:
+                    self._inter_token = self.forwarder.metrics.inter_token.labels(
+                        route.namespace, route.model, route.revision
+                    )
+                self._inter_token.observe(now - self.last_token_at)
+            self.last_token_at = now
+        if carrying and not whole:
+            self.forwarder.state.ledger.generated(route.ticket, carrying)
+
+    def _read_usage(self, events: list[ResponseEvent]) -> None:
+        """The engine's usage (once per answer): its count of the prompt's tokens teaches the router how many
+        bytes make a token for this model (learned_sizes); its count of output tokens is kept for the end.
+        Found by a byte search first: usage comes once, in the last event of a stream, and decoding every
+        event to look for it would cost the relay."""
+        for event in events:
+            if b'"prompt_tokens"' not in event.data:
+                continue
+            try:
+                usage = event.usage
+            except StreamDecodeError:
+                return
+            prompt_tokens = usage.get("prompt_tokens") if usage else None
+            output_tokens = usage.get("completion_tokens") if usage else None
+            if _is_count(prompt_tokens):
+                prompt_bytes = len(self.request.prompt.encode("utf-8", "surrogatepass"))
+                self.forwarder.state.learn_prompt_tokens(self.request.model, prompt_bytes, prompt_tokens)
+            if _is_count(output_tokens):
+                self.usage_output_tokens = output_tokens
+            return
+
+    # --- leaving: release and record ---------------------------------------------------------------------
+
+    def settle(self, exc: BaseException | None) -> None:
+        """The request ended (``exc``: how, None for a whole answer): releases what it held on the ledger and
+        in flight, and records its ending. Call it once, however the request ended."""
+        assert self.route is not None
+        self.ending, self.code = self._ending(exc)
+        try:
+            self.forwarder.state.ledger.close(self.route.ticket)
+            self._release_upstream()
+            self._record_end()
+        finally:
+            if not self.shadow:
+                self.forwarder.request_ended()
+
+    def _release_upstream(self) -> None:
+        """What the subclass holds of the replica's answer (its connection), released at the end."""
+
+    def _ending(self, exc: BaseException | None) -> tuple[Ending, int]:
+        assert self.route is not None
+        if self._broken:
+            return Ending.UPSTREAM_ERROR, UPSTREAM_BROKEN
+        if exc is None:
+            status = self.status if self.status is not None else UPSTREAM_BROKEN
+            return (Ending.SUCCESS if status < 400 else Ending.UPSTREAM_ERROR), status
+        if isinstance(exc, CLIENT_GONE_ERRORS):
+            return Ending.CLIENT_GONE, CLIENT_GONE
+        log.error(
+            "request to replica %s failed in the router; the client gets a %d",
+            self.route.endpoint.name,
+            ROUTER_FAILED,
+            exc_info=exc,
+        )
+        return Ending.ROUTER_ERROR, ROUTER_FAILED
+
+    def _record_end(self) -> None:
+        assert self.route is not None and self.ending is not None and self.code is not None
+        route, metrics = self.route, self.forwarder.metrics
+        elapsed = self.forwarder.clock() - self.started
+        labels = (route.namespace, route.model, route.revision)
+        if self.ending is Ending.SUCCESS and not self.shadow:
+            # Streamed events count tokens; a whole answer without usage says nothing of its length.
+            produced = self.usage_output_tokens
+            if produced is None and self.streams:
+                produced = self.output_events
+            if produced is not None:
+                self.forwarder.state.learn_output_tokens(self.request.model, produced)
+        if self.shadow:
+            # A copy cut short by the router (its shutdown, a bug) says nothing of the revision: the canary
+            # analysis reads outcome="error" as the shadow revision's errors, so it is counted apart.
+            if self.ending.judges_replica:
+                outcome = "ok" if self.ending is Ending.SUCCESS else "error"
+            else:
+                outcome = "abandoned"
+            metrics.shadow_requests.labels(*labels, outcome).inc()
+            metrics.shadow_duration.labels(*labels).observe(elapsed)
+        else:
+            self.forwarder.count_answer(*labels, route.endpoint.name, self.code)
+            metrics.e2e.labels(*labels).observe(elapsed)
+        if self.pair is not None:
+            ok = self.ending is Ending.SUCCESS if self.ending.judges_replica else None
+            self.forwarder.end_pair(self.pair, SHADOW if self.shadow else PRIMARY, ok, self.text)
+
+    def _record_rejection(self, error: RoutingError) -> None:
+        """No replica took the request (unknown model, none ready, all saturated, every attempt failed)."""
+        if not self.shadow:
+            self.forwarder.count_rejected(self.request.model, error)
+            return
+        # A copy that reached a failing shadow replica is an error of that revision (the analysis must see
+        # it); one that found no replica to go to was never answered, and is dropped.
+        pair = self.pair
+        assert pair is not None
+        labels = (pair.namespace, pair.model, pair.revision)
+        if not error.attempted:
+            log.debug("shadow copy for %s dropped: %s", pair.model, error.message)
+            self.forwarder.metrics.shadow_requests.labels(*labels, "dropped").inc()
+            return
+        self.forwarder.metrics.shadow_requests.labels(*labels, "error").inc()
+        self.forwarder.metrics.shadow_duration.labels(*labels).observe(self.forwarder.clock() - self.started)
+        self.forwarder.end_pair(pair, SHADOW, False, None)
+
+
+class Exchange(RoutedRequest):
+    """One request the router forwards to a replica itself (see the module's docstring)."""
+
+    def __init__(
+        self,
+        forwarder: Forwarder,
+        request: InferenceRequest,
+        started: float,
+        shadow: bool = False,
+        pair: ShadowPair | None = None,
+    ) -> None:
+        super().__init__(forwarder, request, started, shadow, pair)
+        self.response: aiohttp.ClientResponse | None = None
+        self.attempts = 0
 
     # --- entering: route, connect, retry ---------------------------------------------------------------
 
@@ -176,11 +362,8 @@ class Exchange:
                     503, f"replica {endpoint.name} is unavailable (503)", attempted=True
                 )
                 continue
-            if response.status >= 500:
-                forwarder.replica_failed(endpoint.name, f"{endpoint.url} answered {response.status}")
-            else:
-                forwarder.state.record_success(endpoint.name)
             self.route, self.response, self.attempts = route, response, attempt
+            self.answered(response.status, response.headers.get("Content-Type", ""))
             return
         assert last_error is not None
         raise last_error
@@ -195,13 +378,7 @@ class Exchange:
         assert self.response is not None
         try:
             async for chunk in self.response.content.iter_any():
-                events = self._decoder.feed(chunk)
-                if decode:
-                    for event in events:
-                        if not event.done:
-                            event.payload  # noqa: B018 - decoded now, cached for the caller
-                self._account(events, whole=False)
-                yield chunk, events
+                yield chunk, self._feed(chunk, decode)
         except (*UPSTREAM_READ_ERRORS, StreamDecodeError) as error:
             raise self._broke(error) from error
 
@@ -212,7 +389,7 @@ class Exchange:
             body = await self.response.read()
         except UPSTREAM_READ_ERRORS as error:
             raise self._broke(error) from error
-        self._account([decode_body(body)], whole=True)
+        self._account_whole(body)
         return body
 
     async def discard_answer(self) -> None:
@@ -223,143 +400,15 @@ class Exchange:
         else:
             await self.read()
 
-    def _broke(self, error: BaseException) -> StreamBroken:
-        assert self.route is not None
-        name = self.route.endpoint.name
-        self._broken = True
-        self.forwarder.replica_failed(name, f"its stream broke: {error!r}")
-        return StreamBroken(f"stream from replica {name} broke: {error!r}")
-
-    def _account(self, events: list[ResponseEvent], whole: bool) -> None:
-        """Accounts for what was relayed. Time to first token is taken at the first event that carries
-        generated text (or at the whole body of a non-streamed answer, ``whole``); the gaps between later
-        reads that carry text are the inter-token latencies. Each event that carries text releases one decode
-        token of the ticket (one event ~ one token, as engines stream)."""
-        route = self.route
-        assert route is not None
-        if self.text is not None:
-            for event in events:
-                self.text.add(event)
-        if self.usage_output_tokens is None and not self.shadow:
-            self._read_usage(events)
-        carrying = len(events) if whole else sum(event.carries_token for event in events)
-        self.output_events += carrying
-        if carrying:
-            now = self.forwarder.clock()
-            if self.first_token_at is None:
-                self.first_token_at = now
-                self.forwarder.state.ledger.first_token(route.ticket)
-                if not self.shadow:
-                    self.forwarder.metrics.ttft.labels(route.namespace, route.model, route.revision).observe(
-                        now - self.started
-                    )
-            elif not self.shadow:
-                if self._inter_token is None:
-                    self._inter_token = self.forwarder.metrics.inter_token.labels(
-                        route.namespace, route.model, route.revision
-                    )
-                self._inter_token.observe(now - self.last_token_at)
-            self.last_token_at = now
-        if carrying and not whole:
-            self.forwarder.state.ledger.generated(route.ticket, carrying)
-
-    def _read_usage(self, events: list[ResponseEvent]) -> None:
-        """The engine's usage (once per answer): its count of the prompt's tokens teaches the router how many
-        bytes make a token for this model (learned_sizes); its count of output tokens is kept for the end.
-        Found by a byte search first: usage comes once, in the last event of a stream, and decoding every
-        event to look for it would cost the relay."""
-        for event in events:
-            if b'"prompt_tokens"' not in event.data:
-                continue
-            try:
-                usage = event.usage
-            except StreamDecodeError:
-                return
-            prompt_tokens = usage.get("prompt_tokens") if usage else None
-            output_tokens = usage.get("completion_tokens") if usage else None
-            if _is_count(prompt_tokens):
-                prompt_bytes = len(self.request.prompt.encode("utf-8", "surrogatepass"))
-                self.forwarder.state.learn_prompt_tokens(self.request.model, prompt_bytes, prompt_tokens)
-            if _is_count(output_tokens):
-                self.usage_output_tokens = output_tokens
-            return
-
-    # --- leaving: release and record ---------------------------------------------------------------------
+    # --- leaving ----------------------------------------------------------------------------------------
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        self.ending, self.code = self._ending(exc)
-        assert self.route is not None and self.response is not None
-        try:
-            self.forwarder.state.ledger.close(self.route.ticket)
-            self.response.close()  # closes the upstream connection: an unfinished request is aborted upstream
-            self._record_end()
-        finally:
-            if not self.shadow:
-                self.forwarder.request_ended()
+        self.settle(exc)
         return False
 
-    def _ending(self, exc: BaseException | None) -> tuple[Ending, int]:
-        assert self.response is not None and self.route is not None
-        if self._broken:
-            return Ending.UPSTREAM_ERROR, UPSTREAM_BROKEN
-        if exc is None:
-            status = self.response.status
-            return (Ending.SUCCESS if status < 400 else Ending.UPSTREAM_ERROR), status
-        if isinstance(exc, CLIENT_GONE_ERRORS):
-            return Ending.CLIENT_GONE, CLIENT_GONE
-        log.error(
-            "request to replica %s failed in the router; the client gets a %d",
-            self.route.endpoint.name,
-            ROUTER_FAILED,
-            exc_info=exc,
-        )
-        return Ending.ROUTER_ERROR, ROUTER_FAILED
-
-    def _record_end(self) -> None:
-        assert self.route is not None and self.ending is not None and self.code is not None
-        route, metrics = self.route, self.forwarder.metrics
-        elapsed = self.forwarder.clock() - self.started
-        labels = (route.namespace, route.model, route.revision)
-        if self.ending is Ending.SUCCESS and not self.shadow:
-            # Streamed events count tokens; a whole answer without usage says nothing of its length.
-            produced = self.usage_output_tokens
-            if produced is None and self.streams:
-                produced = self.output_events
-            if produced is not None:
-                self.forwarder.state.learn_output_tokens(self.request.model, produced)
-        if self.shadow:
-            # A copy cut short by the router (its shutdown, a bug) says nothing of the revision: the canary
-            # analysis reads outcome="error" as the shadow revision's errors, so it is counted apart.
-            if self.ending.judges_replica:
-                outcome = "ok" if self.ending is Ending.SUCCESS else "error"
-            else:
-                outcome = "abandoned"
-            metrics.shadow_requests.labels(*labels, outcome).inc()
-            metrics.shadow_duration.labels(*labels).observe(elapsed)
-        else:
-            self.forwarder.count_answer(*labels, route.endpoint.name, self.code)
-            metrics.e2e.labels(*labels).observe(elapsed)
-        if self.pair is not None:
-            ok = self.ending is Ending.SUCCESS if self.ending.judges_replica else None
-            self.forwarder.end_pair(self.pair, SHADOW if self.shadow else PRIMARY, ok, self.text)
-
-    def _record_rejection(self, error: RoutingError) -> None:
-        """No replica took the request (unknown model, none ready, all saturated, every attempt failed)."""
-        if not self.shadow:
-            self.forwarder.count_rejected(self.request.model, error)
-            return
-        # A copy that reached a failing shadow replica is an error of that revision (the analysis must see
-        # it); one that found no replica to go to was never answered, and is dropped.
-        pair = self.pair
-        assert pair is not None
-        labels = (pair.namespace, pair.model, pair.revision)
-        if not error.attempted:
-            log.debug("shadow copy for %s dropped: %s", pair.model, error.message)
-            self.forwarder.metrics.shadow_requests.labels(*labels, "dropped").inc()
-            return
-        self.forwarder.metrics.shadow_requests.labels(*labels, "error").inc()
-        self.forwarder.metrics.shadow_duration.labels(*labels).observe(self.forwarder.clock() - self.started)
-        self.forwarder.end_pair(pair, SHADOW, False, None)
+    def _release_upstream(self) -> None:
+        assert self.response is not None
+        self.response.close()  # closes the upstream connection: an unfinished request is aborted upstream
 
 
 def _is_count(value: Any) -> bool:

@@ -30,6 +30,10 @@ class ReplicaSnapshot:
     kv_usage: float | None = None  # 0..1
     queue_waiting: float | None = None
     block_size: int = 16
+    # KV tokens the requests in flight there hold (router-counted, shared prefixes once), and the replica's KV
+    # capacity in tokens as its /metrics reported it (None: not reported, so nothing is judged against it).
+    kv_held_tokens: float = 0.0
+    kv_capacity_tokens: int | None = None
 
 
 @dataclass
@@ -44,6 +48,8 @@ class RequestState:
     saturated: bool = False
     # Replicas PrefixCacheScorer gave no prefix credit because of the hot-spot guard.
     hotspot_guarded: list[str] = field(default_factory=list)
+    # KvFitsFilter found the request's new KV blocks fit on no candidate: every replica was kept.
+    fits_nowhere: bool = False
 
 
 @dataclass
@@ -56,6 +62,9 @@ class RoutingRequest:
     expected_output_tokens: int
     prefix_match_tokens: Mapping[str, int] = field(default_factory=dict)
     state: RequestState = field(default_factory=RequestState)
+    # replica name -> KV tokens the request would add there beside the requests in flight (its blocks none of
+    # them holds, and its private ones); a replica missing here is not judged on memory.
+    kv_new_tokens: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

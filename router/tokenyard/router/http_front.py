@@ -19,15 +19,19 @@ log = logging.getLogger("tokenyard.router")
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
-def error_response(status: int, message: str, kind: str | None = None, headers: dict[str, str] | None = None):
+def error_body(status: int, message: str, kind: str | None = None) -> dict:
+    """An OpenAI-style error body (the endpoint picker's immediate responses carry the same)."""
     kind = kind or {
         400: "invalid_request_error",
         404: "model_not_found",
         413: "request_too_large",
         429: "rate_limit_exceeded",
     }.get(status, "server_error")
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    return web.json_response(body, status=status, headers=headers)
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def error_response(status: int, message: str, kind: str | None = None, headers: dict[str, str] | None = None):
+    return web.json_response(error_body(status, message, kind), status=status, headers=headers)
 
 
 class HttpFront:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 
 import aiohttp
-from tokenyard.router.exchange import Exchange, StreamBroken
+from tokenyard.router.exchange import Exchange, RoutedRequest, StreamBroken
 from tokenyard.router.openai_wire import InferenceRequest, OutputText
 from tokenyard.router.openai_wire import carries_token as carries_token  # bench/bench_router.py reads it here
 from tokenyard.router.shadowpair import PairResult, ShadowPair
@@ -116,7 +116,7 @@ class Forwarder:
 
     # --- shadow copies ---------------------------------------------------------------------------------
 
-    def maybe_shadow(self, primary: Exchange) -> None:
+    def maybe_shadow(self, primary: RoutedRequest) -> None:
         """With the model's shadow fraction, send a copy to the shadow revision off the client's path: the
         copy runs in its own task, is read to the end and discarded; when too many copies are in flight, the
         copy is dropped rather than queued (it must never slow the client). A copy that runs is paired with

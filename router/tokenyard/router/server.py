@@ -12,6 +12,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tokenyard.router.discovery import StaticConfig
+from tokenyard.router.epp import DEFAULT_FALLBACKS, start_epp
 from tokenyard.router.grpc_front import start_grpc
 from tokenyard.router.http_front import DEFAULT_MAX_BODY_BYTES, HttpFront
 from tokenyard.router.prefix import Tokenizer
@@ -28,6 +29,9 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 8080
     grpc_port: int | None = 9090  # None: no gRPC front
+    # The Gateway API Inference Extension's endpoint picker (Envoy ext_proc); None: off.
+    epp_port: int | None = None
+    epp_fallbacks: int = DEFAULT_FALLBACKS  # endpoints named after the primary, for the gateway's retries
     metrics_port: int = 9091
     static: StaticConfig | None = None
     served_model: str | None = None
@@ -61,6 +65,8 @@ class RouterServer:
         self._tasks: list[asyncio.Task] = []
         self._grpc = None
         self._grpc_health = None
+        self._epp = None
+        self._epp_health = None
         self.shared = None
         self.session: aiohttp.ClientSession | None = None
         self.forwarder: Forwarder | None = None
@@ -125,20 +131,31 @@ class RouterServer:
             self._grpc, self.ports["grpc"], self._grpc_health = await start_grpc(
                 self.forwarder, options.host, options.grpc_port, lambda: self.draining
             )
+        if options.epp_port is not None:
+            self._epp, self.ports["epp"], self._epp_health = await start_epp(
+                self.forwarder,
+                options.host,
+                options.epp_port,
+                options.epp_fallbacks,
+                options.max_body_bytes,
+                lambda: self.draining,
+            )
         log.info(
-            "router listening: http=%s grpc=%s metrics=%s; models: %s",
+            "router listening: http=%s grpc=%s epp=%s metrics=%s; models: %s",
             self.ports.get("http"),
             self.ports.get("grpc"),
+            self.ports.get("epp"),
             self.ports.get("metrics"),
             ", ".join(sorted(self.state.models)) or "none yet",
         )
 
     async def drain_and_stop(self) -> None:
-        """Stop taking new work (both fronts answer "draining"), let the requests in flight through either
-        front finish up to the drain timeout, then stop."""
+        """Stop taking new work (every front answers "draining", the endpoint picker with a 503), let the
+        requests in flight through any of them finish up to the drain timeout, then stop."""
         self.draining = True
-        if self._grpc_health is not None:
-            self._grpc_health.enter_graceful_shutdown()
+        for health_servicer in (self._grpc_health, self._epp_health):
+            if health_servicer is not None:
+                health_servicer.enter_graceful_shutdown()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.drain_timeout_s
         if self.forwarder is not None and self.forwarder.in_flight:
@@ -149,14 +166,14 @@ class RouterServer:
             )
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.forwarder.idle.wait(), self.options.drain_timeout_s)
-        # What is left of the drain timeout is the gRPC server's grace: a stream still running gets it too.
+        # What is left of the drain timeout is the gRPC servers' grace: a stream still running gets it too.
         await self.stop(grpc_grace_s=max(0.0, deadline - loop.time()))
 
     async def stop(self, grpc_grace_s: float = 1.0) -> None:
         """Stops everything; safe to call again (a drained server is stopped once more by its owner)."""
-        grpc_server, self._grpc = self._grpc, None
-        if grpc_server is not None:
-            await grpc_server.stop(grace=grpc_grace_s)
+        grpc_servers = [server for server in (self._grpc, self._epp) if server is not None]
+        self._grpc = self._epp = None
+        await asyncio.gather(*(server.stop(grace=grpc_grace_s) for server in grpc_servers))
         runners, self._runners = self._runners, []
         for runner in runners:
             await runner.cleanup()

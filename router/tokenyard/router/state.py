@@ -13,7 +13,14 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from tokenyard.router.accounting import EjectionPolicy, FailureTracker, LoadLedger, ReplicaLoad, Ticket
+from tokenyard.router.accounting import (
+    EjectionPolicy,
+    FailureTracker,
+    KvHold,
+    LoadLedger,
+    ReplicaLoad,
+    Ticket,
+)
 from tokenyard.router.core import DEFAULT_FILTERS, DEFAULT_MISS_PENALTY, Pipeline
 from tokenyard.router.discovery import Endpoint, ModelView
 from tokenyard.router.enginestats import EngineStats
@@ -212,6 +219,8 @@ class RouterState:
             kv_usage=stats.kv_usage if fresh and stats else None,
             queue_waiting=stats.waiting if fresh and stats else None,
             block_size=routing_block_size(stats.block_size if stats else None),
+            kv_held_tokens=self.ledger.kv_held_tokens(endpoint.name),
+            kv_capacity_tokens=self.kv_capacity_tokens.get(endpoint.name),  # only a reported figure
         )
 
     def pipeline_for(self, view: ModelView) -> Pipeline:
@@ -269,6 +278,13 @@ class RouterState:
 
         blocks_by_size: dict[int, PromptBlocks] = {}
         matches: dict[str, int] = {}
+        kv_new: dict[str, float] = {}
+
+        def private_of(blocks: PromptBlocks) -> int:
+            return private_blocks(
+                len(blocks.hashes), blocks.prompt_tokens, expected_output, blocks.tokens_per_block
+            )
+
         tokenizer = self.tokenizer_for(view)
         bytes_per_token = None if tokenizer else self.ratio_for(model).value
         for snap in snapshots:
@@ -282,9 +298,13 @@ class RouterState:
             self.index.set_capacity(snap.name, round(capacity_tokens / blocks.tokens_per_block))
             matched_blocks = self.index.match_blocks(snap.name, blocks.hashes, now)
             matches[snap.name] = min(blocks.prompt_tokens, round(matched_blocks * blocks.tokens_per_block))
+            kv_new[snap.name] = self.ledger.kv_new_tokens(
+                snap.name, blocks.hashes, private_of(blocks), blocks.tokens_per_block
+            )
         any_blocks = next(iter(blocks_by_size.values()))
         request.prompt_tokens = any_blocks.prompt_tokens
         request.prefix_match_tokens = matches
+        request.kv_new_tokens = kv_new
 
         decision = self.pipeline_for(view).decide(request, snapshots, self.rng)
         if decision.replica is None:
@@ -298,10 +318,10 @@ class RouterState:
         chosen = decision.replica
         endpoint = next(e for e in endpoints if e.name == chosen.name)
         match = matches[chosen.name]
-        ticket = self.ledger.open(chosen.name, max(0, request.prompt_tokens - match), expected_output)
-        hashes = blocks_by_size[chosen.block_size].hashes
-        tokens_per_block = blocks_by_size[chosen.block_size].tokens_per_block
-        private = private_blocks(len(hashes), request.prompt_tokens, expected_output, tokens_per_block)
+        chosen_blocks = blocks_by_size[chosen.block_size]
+        hashes, private = chosen_blocks.hashes, private_of(chosen_blocks)
+        kv = KvHold(tuple(hashes), private, chosen_blocks.tokens_per_block)
+        ticket = self.ledger.open(chosen.name, max(0, request.prompt_tokens - match), expected_output, kv)
         self.index.insert(chosen.name, hashes, now, private)
         if self.publish_prefixes and (hashes or private):
             self.prefix_outbox.append((chosen.name, hashes, private))

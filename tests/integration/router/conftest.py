@@ -76,6 +76,7 @@ async def router():
 
     async def make(backends: list[Endpoint], **options) -> RouterServer:
         settings = options.pop("settings", RouterSettings())
+        probe_interval_s = options.pop("probe_interval_s", 0.1)
         static = StaticConfig(
             backends=backends,
             traffic=options.pop("traffic", ()),
@@ -89,7 +90,7 @@ async def router():
                 metrics_port=0,
                 static=static,
                 settings=settings,
-                probe_interval_s=0.1,
+                probe_interval_s=probe_interval_s,
                 **options,
             )
         )

@@ -1,6 +1,6 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenyard.router.accounting import EjectionPolicy, FailureTracker, LoadLedger
+from tokenyard.router.accounting import EjectionPolicy, FailureTracker, KvHold, LoadLedger
 
 
 def test_ticket_releases_prefill_on_first_token_then_decode_then_rest():
@@ -75,3 +75,51 @@ def test_success_resets_the_failure_count():
     tracker.record_failure("a", now=0)
     tracker.record_success("a")
     assert not tracker.record_failure("a", now=1)
+
+
+def test_kv_footprint_counts_a_prefix_shared_in_flight_once_and_empties_when_the_requests_end():
+    ledger = LoadLedger()
+    tenant_a = ledger.open("r", 100, 10, KvHold((1, 2, 3), private_blocks=1, tokens_per_block=16.0))
+    tenant_a_again = ledger.open("r", 10, 10, KvHold((1, 2, 3), private_blocks=2, tokens_per_block=16.0))
+    assert ledger.kv_held_tokens("r") == (3 + 1 + 2) * 16  # the prefix once, each request's private blocks
+    # A third request of the same tenant adds only its private blocks; one of another tenant, all of its own.
+    assert ledger.kv_new_tokens("r", (1, 2, 3), 1, 16.0) == 16
+    assert ledger.kv_new_tokens("r", (7, 8, 9), 1, 16.0) == 4 * 16
+    assert ledger.kv_new_tokens("elsewhere", (1, 2, 3), 1, 16.0) == 4 * 16
+    ledger.close(tenant_a)
+    assert ledger.kv_held_tokens("r") == (3 + 2) * 16  # the prefix stays while a holder is in flight
+    ledger.close(tenant_a_again)
+    ledger.close(tenant_a_again)  # idempotent, as for the load
+    assert ledger.kv_held_tokens("r") == 0 and ledger.kv_new_tokens("r", (1, 2, 3), 0, 16.0) == 3 * 16
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["open", "close"]), st.lists(st.integers(0, 6), max_size=5), st.integers(0, 3)
+        ),
+        max_size=40,
+    )
+)
+def test_kv_footprint_is_the_union_of_the_open_tickets_blocks(ops):
+    ledger = LoadLedger()
+    open_tickets = []
+    for op, blocks, private in ops:
+        if op == "open":
+            open_tickets.append(ledger.open("r", 1, 1, KvHold(tuple(blocks), private, 2.5)))
+        elif open_tickets:
+            ledger.close(open_tickets.pop(0))
+        union = {block for ticket in open_tickets for block in ticket.kv.blocks}
+        private_total = sum(ticket.kv.private_blocks for ticket in open_tickets)
+        assert abs(ledger.kv_held_tokens("r") - (len(union) + private_total) * 2.5) < 1e-6
+
+
+def test_a_ticket_moved_to_another_replica_takes_its_load_and_kv_along():
+    ledger = LoadLedger()
+    ticket = ledger.open("primary", 100, 10, KvHold((1, 2), private_blocks=1, tokens_per_block=16.0))
+    moved = ledger.move(ticket, "fallback")
+    assert ticket.closed and ledger.load("primary").requests == 0 and ledger.kv_held_tokens("primary") == 0
+    assert ledger.load("fallback").tokens == 110 and ledger.kv_held_tokens("fallback") == 3 * 16
+    ledger.close(moved)
+    assert ledger.open_tickets() == 0 and ledger.kv_held_tokens("fallback") == 0

@@ -5,9 +5,10 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenyard.router.core import DEFAULT_MISS_PENALTY, Pipeline
+from tokenyard.router.core import DEFAULT_FILTERS, DEFAULT_MISS_PENALTY, Pipeline
 from tokenyard.router.framework import NEUTRAL_SCORE, RoutingRequest
 from tokenyard.router.plugins.kv_cache import KvCacheScorer
+from tokenyard.router.plugins.kv_fits import KvFitsFilter
 from tokenyard.router.plugins.not_saturated import NotSaturatedFilter, SaturationLimits
 from tokenyard.router.plugins.outstanding_tokens import OutstandingTokensScorer
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard, PrefixCacheScorer
@@ -156,3 +157,45 @@ def test_a_miss_penalty_makes_a_cold_replica_pay_for_the_prefixes_it_would_push_
     assert penalised == [1_200.0, 2_200.0]  # each uncached token counted twice
     built = Pipeline.from_config({"outstandingTokens": 1.0}, miss_penalty=0.5)
     assert built.scorers[0][0].miss_penalty == 0.5
+
+
+def test_kv_fits_keeps_the_replicas_where_the_request_fits_beside_what_is_in_flight():
+    replicas = [
+        snap("full", kv_held_tokens=30_000, kv_capacity_tokens=32_768),
+        snap("holds_the_prefix", kv_held_tokens=30_000, kv_capacity_tokens=32_768),
+        snap("roomy", kv_held_tokens=10_000, kv_capacity_tokens=32_768),
+        snap("unreported", kv_held_tokens=40_000),  # no capacity figure: never judged on memory
+    ]
+    req = request(prompt_tokens=3_000)
+    req.kv_new_tokens = {"full": 3_016, "holds_the_prefix": 16, "roomy": 3_016, "unreported": 3_016}
+    kept = KvFitsFilter().apply(req, replicas)
+    assert [r.name for r in kept] == ["holds_the_prefix", "roomy", "unreported"]
+    assert not req.state.fits_nowhere
+
+
+def test_kv_fits_never_leaves_no_candidate():
+    replicas = [snap(name, kv_held_tokens=32_000, kv_capacity_tokens=32_768) for name in ("a", "b")]
+    req = request(prompt_tokens=3_000)
+    req.kv_new_tokens = {"a": 3_000, "b": 3_000}
+    assert KvFitsFilter().apply(req, replicas) == replicas and req.state.fits_nowhere
+
+
+def test_a_cold_tenant_goes_where_its_blocks_fit_not_where_compute_is_lightest():
+    """The load scorer sees only compute owed: a replica busy with cheap cached requests of other tenants looks
+    light while its KV is full; with kvFits a new tenant goes where its blocks fit instead."""
+    replicas = [
+        snap(
+            "kv_full_light_compute", outstanding_tokens=200, kv_held_tokens=31_000, kv_capacity_tokens=32_768
+        ),
+        snap(
+            "kv_roomy_more_compute", outstanding_tokens=2_000, kv_held_tokens=8_000, kv_capacity_tokens=32_768
+        ),
+    ]
+    req = request(prompt_tokens=3_000)
+    req.kv_new_tokens = {r.name: 3_050.0 for r in replicas}
+    with_kv_fits = Pipeline.from_config(filters=(*DEFAULT_FILTERS, "kvFits"))
+    decision = with_kv_fits.decide(req, replicas, random.Random(1))
+    assert decision.replica.name == "kv_roomy_more_compute"
+    req = request(prompt_tokens=3_000)  # without the footprint the load scorer would pick the other one
+    decision = with_kv_fits.decide(req, replicas, random.Random(1))
+    assert decision.replica.name == "kv_full_light_compute"

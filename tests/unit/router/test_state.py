@@ -2,6 +2,7 @@ import random
 
 import pytest
 from tokenyard.router.__main__ import build_parser, options_from_args, parse_weights
+from tokenyard.router.core import DEFAULT_FILTERS
 from tokenyard.router.discovery import ConfigError, Endpoint, ModelView, Shadow
 from tokenyard.router.enginestats import EngineStats, parse_engine_metrics
 from tokenyard.router.openai_wire import prompt_of, render_chat
@@ -88,6 +89,27 @@ def test_route_opens_a_ticket_indexes_the_prompt_and_follows_the_prefix():
     assert second.endpoint == first.endpoint and second.prefix_match_tokens > 400
     # only the uncached part counts as prefill work
     assert second.ticket.prefill_left == second.prompt_tokens - second.prefix_match_tokens
+
+
+def test_route_counts_the_kv_in_flight_and_sends_a_new_prefix_where_it_fits():
+    state = state_with([Endpoint("a", "http://a"), Endpoint("b", "http://b")])
+    state.settings.filters = (*DEFAULT_FILTERS, "kvFits")
+    for name in ("a", "b"):  # each holds ~1,000 tokens of KV (vLLM's cache_config_info, as scraped): less
+        # than two prompts of ~530 tokens with their outputs, more than one prompt asked twice
+        state.record_stats(name, EngineStats(scraped_at=0.0, block_size=16, num_gpu_blocks=1000 // 16))
+    first = state.route("m", PROMPT + "one", 50, now=0)
+    held = state.ledger.kv_held_tokens(first.endpoint.name)
+    assert first.ticket.kv is not None and held >= first.prompt_tokens
+    # The same prefix on the same replica adds only its private blocks: it still fits there.
+    second = state.route("m", PROMPT + "two", 50, now=0)
+    assert second.endpoint == first.endpoint
+    assert state.ledger.kv_held_tokens(first.endpoint.name) < 2 * held
+    # A different prompt as long would not fit beside them: the replica holding them is not even a candidate.
+    other = state.route("m", "a different system prompt " * 80, 50, now=0)
+    assert other.endpoint != first.endpoint and first.endpoint.name not in other.decision.scores
+    for route in (first, second, other):
+        state.ledger.close(route.ticket)
+    assert state.ledger.kv_held_tokens("a") == state.ledger.kv_held_tokens("b") == 0
 
 
 def test_route_errors_name_the_problem():

@@ -11,6 +11,9 @@ filter revision            revision.py             ``RequestState.revision`` (th
                                                    ``choose_revision``), ``ReplicaSnapshot.revision``
 filter notSaturated        not_saturated.py        ``outstanding_requests``, ``queue_waiting`` against
                                                    ``SaturationLimits``; writes ``RequestState.saturated``
+filter kvFits              kv_fits.py              ``kv_held_tokens``, ``kv_capacity_tokens``,
+                                                   ``RoutingRequest.kv_new_tokens``; keeps all when none fits
+                                                   and writes ``RequestState.fits_nowhere``
 scorer outstandingTokens   outstanding_tokens.py   ``outstanding_tokens`` + the uncached prompt
                                                    (``expected_load``)
 scorer prefixCache         prefix_cache.py         ``RoutingRequest.prefix_match_tokens``, load under
@@ -27,6 +30,7 @@ Filters are named in ``core.DEFAULT_FILTERS`` (or a configuration's list), score
 from tokenyard.router.plugins import (
     healthy,
     kv_cache,
+    kv_fits,
     not_ejected,
     not_saturated,
     outstanding_requests,
@@ -39,6 +43,7 @@ from tokenyard.router.plugins import (
 __all__ = [
     "healthy",
     "kv_cache",
+    "kv_fits",
     "not_ejected",
     "not_saturated",
     "outstanding_requests",
