@@ -5,8 +5,9 @@ engine pods (`indexes`, grouped by `group_views`), of GPU use per node and of no
 `ledger` of GPUs promised to pods not seen yet). Each iteration takes one typed `snapshot`, fetches the
 rollout analysis' verdict when a canary runs (the only read outside the cluster), asks `reconcile_plan.plan`
 what to do, applies it (`apply_plan`: deletions, then new groups placed by `group_placement`), writes the
-status that `status.compute_status` computes and exports the metrics; then it sleeps until a pod of the
-deployment changes or the resync interval passes. Everything it needs is in the cluster, so a restarted
+status that `status.compute_status` computes, exports the metrics and publishes the deployment's
+InferencePool when the cluster serves that API (`kube_writes.InferencePools`); then it sleeps until a pod of
+the deployment changes or the resync interval passes. Everything it needs is in the cluster, so a restarted
 operator (even after kill -9 mid-update) converges from what it finds: pods carry their group, rank, revision
 and planned node. Settings are read at start-up (`settings.OperatorSettings`), never at import.
 """
@@ -14,6 +15,7 @@ and planned node. Settings are read at start-up (`settings.OperatorSettings`), n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -74,12 +76,27 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         "rollout analysis reads %s", ours.prometheus_url or "no Prometheus (every analysis is inconclusive)"
     )
     RUNTIME.start(ours, k8s.ApiClient())
+    if RUNTIME.pools.enabled:
+        try:  # say at start-up whether InferencePools will be published; each reconcile re-checks on a timer
+            await RUNTIME.pools.served()
+        except (ApiException, OSError) as e:
+            log.warning(
+                f"InferencePool API discovery failed at start-up ({e}); the first reconcile asks again"
+            )
 
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     # Kopf's own readers, not a client library's: they read $KUBECONFIG when called, not when imported.
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    in_pod = kopf.login_with_service_account(**kwargs)
+    if in_pod is not None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        # Kopf's reader dials https://kubernetes.default.svc, which needs cluster DNS (a hostNetwork pod or a
+        # cluster without it has none); the address the kubelet puts in the env is what client-go and our
+        # own API client (load_incluster_config in `configure`) use, so both clients reach the same server.
+        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        host = f"[{host}]" if ":" in host else host  # an IPv6 Service address
+        in_pod = dataclasses.replace(in_pod, server=f"https://{host}:{port}")
+    return in_pod or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.cleanup()
@@ -209,3 +226,5 @@ async def reconcile(
     RUNTIME.metrics.export_groups(
         snapshot.meta.key, remaining, capacity_problem, node_list, RUNTIME.shapes.values()
     )
+    # Last, so that a gateway-side failure never holds up the groups or the status.
+    await RUNTIME.pools.publish(snapshot.meta, spec.engine.port)

@@ -1,4 +1,5 @@
-"""Pure builders of the objects a replica group is made of: its pods and its headless Service.
+"""Pure builders of the objects the operator writes: a replica group's pods and headless Service, and the
+Gateway API Inference Extension's `InferencePool` of a ModelDeployment.
 
 Names come from one place (`GroupNames`) so that the operator, its tests and the router agree on them.
 """
@@ -52,9 +53,14 @@ def group_labels(names: GroupNames) -> dict[str, str]:
     }
 
 
+def leader_labels(deployment: str) -> dict[str, str]:
+    """The labels that pick the deployment's group leaders (rank 0, the only pod of a group serving the API)."""
+    return {labels.MODEL_DEPLOYMENT: deployment, labels.ROLE: labels.ROLE_LEADER}
+
+
 def selector(deployment: str) -> str:
     """The scale subresource's selector: one leader pod per group, so a pod count is a group count."""
-    return f"{labels.MODEL_DEPLOYMENT}={deployment},{labels.ROLE}={labels.ROLE_LEADER}"
+    return ",".join(f"{key}={value}" for key, value in leader_labels(deployment).items())
 
 
 def service_manifest(names: GroupNames) -> dict[str, Any]:
@@ -200,3 +206,83 @@ def planned_node(pod: dict[str, Any]) -> str | None:
         return terms[0]["matchFields"][0]["values"][0]
     except (KeyError, IndexError, TypeError):
         return None
+
+
+# ----------------------------------------------------------------------------- InferencePool
+
+# The Inference Extension's GA API (kubernetes-sigs/gateway-api-inference-extension v1.0.0 and later; the CRD
+# of v1.6.0 is in tests/fixtures/crds). Its v1alpha2 predecessor (inference.networking.x-k8s.io) was removed
+# upstream in v1.5.0 and is not published.
+POOL_GROUP = "inference.networking.k8s.io"
+POOL_VERSION = "v1"
+POOL_PLURAL = "inferencepools"
+POOL_API_VERSION = f"{POOL_GROUP}/{POOL_VERSION}"
+EPP_FAILURE_MODES = ("FailClose", "FailOpen")
+
+
+@dataclass(frozen=True)
+class EndpointPicker:
+    """The endpoint picker a pool names: tokenyard's router Service and the Service port of its EPP (ext_proc)
+    front. The API has no namespace here: the Service must be in the pool's (the ModelDeployment's) namespace."""
+
+    service: str = "tokenyard-router"
+    port: int = 9002  # the Inference Extension's customary EPP port, and the chart's router.epp.port
+    # What the gateway does when the picker does not answer: FailClose refuses the request, FailOpen lets the
+    # gateway pick one of the pool's pods itself (without tokenyard's readiness of whole groups or its scoring).
+    failure_mode: str = "FailClose"
+
+
+def inference_pool_manifest(
+    owner: dict[str, Any], deployment: str, namespace: str, engine_port: int, picker: EndpointPicker
+) -> dict[str, Any]:
+    """The InferencePool of one ModelDeployment, named after it and owned by it (garbage-collected with it).
+
+    It selects the group leaders of every revision (a canary's too: the picker applies the traffic split).
+    A selector cannot ask for readiness: a leader is selected from creation on, Ready or not. The gateway
+    sends a request only where the picker says (the router names leaders of Ready groups only); a gateway
+    that also tracks the pool's pods itself (for FailOpen, or through a shadow Service, as the Inference
+    Extension's implementer guide describes) sees them as Service endpoints do, not Ready until Ready.
+    Every field the API would default is written, so that a pool read back can be
+    compared with this one field by field (`inference_pool_drift`)."""
+    return {
+        "apiVersion": POOL_API_VERSION,
+        "kind": "InferencePool",
+        "metadata": {
+            "name": deployment,
+            "namespace": namespace,
+            "labels": {labels.MANAGED_BY: labels.MANAGED_BY_VALUE, labels.MODEL_DEPLOYMENT: deployment},
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "selector": {"matchLabels": leader_labels(deployment)},
+            "targetPorts": [{"number": engine_port}],
+            "appProtocol": "http",
+            "endpointPickerRef": {
+                "group": "",
+                "kind": "Service",
+                "name": picker.service,
+                "port": {"number": picker.port},
+                "failureMode": picker.failure_mode,
+            },
+        },
+    }
+
+
+def inference_pool_drift(desired: dict[str, Any], existing: dict[str, Any] | None) -> list[str]:
+    """The fields of `desired` that `existing` (the pool read back, None when there is none) lacks or holds
+    otherwise; empty when nothing needs writing. Labels and owners others added are left alone."""
+    if existing is None:
+        return ["metadata.name"]
+    drift = [
+        f"spec.{field}"
+        for field, value in desired["spec"].items()
+        if (existing.get("spec") or {}).get(field) != value
+    ]
+    meta, have = desired["metadata"], existing.get("metadata") or {}
+    have_labels = have.get("labels") or {}
+    if any(have_labels.get(key) != value for key, value in meta["labels"].items()):
+        drift.append("metadata.labels")
+    have_owners = {o.get("uid") for o in have.get("ownerReferences") or []}
+    if any(o["uid"] not in have_owners for o in meta["ownerReferences"]):
+        drift.append("metadata.ownerReferences")
+    return drift

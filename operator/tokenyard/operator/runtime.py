@@ -1,5 +1,5 @@
-"""The operator's process-wide state: settings, metrics, the analysis, the API writes, the wake-up events of
-the reconcile loops, the GPU ledger and the placement lock. One instance (`handlers.RUNTIME`), filled in at
+"""The operator's process-wide state: settings, metrics, the analysis, the API writes (and the InferencePool
+publisher), the wake-up events of the reconcile loops, the GPU ledger and the placement lock. One instance (`handlers.RUNTIME`), filled in at
 start-up (`handlers.configure`) and handed to what applies the plans (`apply_plan`)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import asyncio
 from kubernetes_asyncio import client as k8s
 from tokenyard.operator.canary import PrometheusAnalysis
 from tokenyard.operator.group_placement import CapacityWarnings
-from tokenyard.operator.kube_writes import KubeWrites
+from tokenyard.operator.kube_writes import InferencePools, KubeWrites
 from tokenyard.operator.ledger import GpuLedger
 from tokenyard.operator.metrics import OperatorMetrics
 from tokenyard.operator.placement import GroupShape
@@ -27,6 +27,7 @@ class Runtime:
         self.analysis = PrometheusAnalysis(None)
         self.api: k8s.ApiClient | None = None
         self._writes: KubeWrites | None = None
+        self._pools: InferencePools | None = None
         self.wakeups: dict[tuple[str, str], asyncio.Event] = {}
         # GPUs of pods created whose watch event has not reached the index yet: counted as used so that two
         # reconciles in a row never plan the same GPUs twice.
@@ -42,12 +43,25 @@ class Runtime:
         self.analysis = PrometheusAnalysis(settings.prometheus_url)
         self.api = api
         self._writes = KubeWrites(api)
+        # Discovery is asked again once per resync interval: a CRD installed later is seen within one resync.
+        self._pools = InferencePools(
+            api,
+            settings.endpoint_picker,
+            recheck_seconds=settings.resync_seconds,
+            enabled=settings.inference_pool != "off",
+        )
 
     @property
     def writes(self) -> KubeWrites:
         if self._writes is None:
             raise RuntimeError("the operator has not started: no API client yet")
         return self._writes
+
+    @property
+    def pools(self) -> InferencePools:
+        if self._pools is None:
+            raise RuntimeError("the operator has not started: no API client yet")
+        return self._pools
 
     def wakeup(self, key: tuple[str, str]) -> asyncio.Event:
         return self.wakeups.setdefault(key, asyncio.Event())

@@ -7,14 +7,22 @@ rest there), and `OperatorSettings.from_environment` reads them all in one place
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tokenyard.operator.manifests import EPP_FAILURE_MODES, EndpointPicker
 
 RESYNC = "TOKENYARD_RESYNC_SECONDS"
 BIND_TIMEOUT = "TOKENYARD_BIND_TIMEOUT_SECONDS"
 PEERING_LIFETIME = "TOKENYARD_PEERING_LIFETIME_SECONDS"
 PROMETHEUS_URL = "TOKENYARD_PROMETHEUS_URL"
 KUBECONFIG = "KUBECONFIG"
+INFERENCE_POOL = "TOKENYARD_INFERENCE_POOL"
+EPP_SERVICE = "TOKENYARD_EPP_SERVICE"
+EPP_PORT = "TOKENYARD_EPP_PORT"
+EPP_FAILURE_MODE = "TOKENYARD_EPP_FAILURE_MODE"
+INFERENCE_POOL_MODES = ("auto", "off")
 
 
 class SettingError(ValueError):
@@ -33,6 +41,10 @@ class OperatorSettings:
     prometheus_url: str | None = None
     # The kubeconfig to use; None: the in-cluster configuration.
     kubeconfig: str | None = None
+    # "auto": publish an InferencePool per ModelDeployment whenever the API server serves that API; "off": never.
+    inference_pool: str = "auto"
+    # The endpoint picker the pools name (tokenyard's router Service and its EPP port).
+    endpoint_picker: EndpointPicker = field(default_factory=EndpointPicker)
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> OperatorSettings:
@@ -46,7 +58,33 @@ class OperatorSettings:
             ),
             prometheus_url=environ.get(PROMETHEUS_URL) or None,
             kubeconfig=environ.get(KUBECONFIG) or None,
+            inference_pool=_choice(environ, INFERENCE_POOL, INFERENCE_POOL_MODES, defaults.inference_pool),
+            endpoint_picker=_endpoint_picker(environ, defaults.endpoint_picker),
         )
+
+
+def _choice(environ: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str) -> str:
+    raw = environ.get(name)
+    if not raw:
+        return default
+    if raw not in allowed:
+        raise SettingError(f"{name}={raw!r}: must be one of {', '.join(allowed)}")
+    return raw
+
+
+def _endpoint_picker(environ: Mapping[str, str], default: EndpointPicker) -> EndpointPicker:
+    service = environ.get(EPP_SERVICE) or default.service
+    # A Service name is a DNS label (RFC 1035): the API server would refuse every pool naming another.
+    if len(service) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", service):
+        raise SettingError(f"{EPP_SERVICE}={service!r}: not a Service name (lowercase DNS label)")
+    raw_port = environ.get(EPP_PORT)
+    port = default.port
+    if raw_port:
+        if not raw_port.isdigit() or not 1 <= int(raw_port) <= 65535:
+            raise SettingError(f"{EPP_PORT}={raw_port!r}: not a port number (1-65535)")
+        port = int(raw_port)
+    failure_mode = _choice(environ, EPP_FAILURE_MODE, EPP_FAILURE_MODES, default.failure_mode)
+    return EndpointPicker(service, port, failure_mode)
 
 
 def _seconds(environ: Mapping[str, str], name: str, default: float) -> float:
