@@ -20,7 +20,7 @@ CONTAINER_ENGINE ?=
 
 help:
 	@echo "make test          unit + integration tests (starts and stops the local stack)"
-	@echo "make demo          local control plane, operator, simulated engines, router"
+	@echo "make demo          the whole local stack under a rising and falling load (Ctrl-C stops it)"
 	@echo "make lint          ruff, hadolint (Dockerfile)"
 	@echo "make image         build the container image with docker, podman or buildah"
 	@echo "make cluster-up    start the local control plane (make cluster-down stops it)"
@@ -90,8 +90,9 @@ cluster-down: $(STAMP)
 cluster-status: $(STAMP)
 	$(PY) -m tokenyard.devcluster status
 
+# DEMO_ARGS: e.g. `make demo DEMO_ARGS="--once --period 120"` (one load cycle of 2 minutes, then stop).
 demo: $(STAMP) proto binaries
-	$(PY) -m tokenyard.devcluster demo
+	$(PY) -m tokenyard.devcluster demo $(DEMO_ARGS)
 
 # Every benchmark, one after the other (never in parallel: they share the 2 cores and compare peers within a run).
 bench: bench-sim bench-router bench-placement bench-autoscaler bench-rollout bench-operator-cluster

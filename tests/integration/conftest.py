@@ -7,41 +7,19 @@ test asks for it, in a temporary folder on free ports, and every process it star
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
-from tokenyard.core.process import stop_process
+from tokenyard.core.process import ManagedProcess
+from tokenyard.devcluster import prometheus
 from tokenyard.devcluster.binaries import ensure_binaries
-from tokenyard.devcluster.cluster import DevCluster
+from tokenyard.devcluster.cluster import ADMIN_TOKEN, DevCluster, free_port
+from tokenyard.devcluster.stack import Kubectl, poll_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "charts" / "tokenyard" / "crds"
-
-
-def poll_until(check, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
-    """Poll `check` until it returns a truthy value (and return it); TimeoutError naming `what`, with the last
-    error `check` raised, when the deadline passes. For scripts; tests use `wait_for`."""
-    deadline = time.monotonic() + timeout
-    last_error = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-            if value:
-                return value
-        except Exception as e:  # noqa: BLE001 - the condition is still settling; report the last error on timeout
-            last_error = e
-        time.sleep(interval)
-    raise TimeoutError(
-        f"timed out after {timeout}s waiting for {what}"
-        + (f" (last error: {last_error!r})" if last_error else "")
-    )
 
 
 def wait_for(check, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
@@ -50,29 +28,6 @@ def wait_for(check, timeout: float = 30.0, interval: float = 0.1, what: str = "c
         return poll_until(check, timeout, interval, what)
     except TimeoutError as e:
         pytest.fail(str(e))
-
-
-class Kubectl:
-    """The real kubectl against the test cluster."""
-
-    def __init__(self, binary: Path, kubeconfig: Path):
-        self.binary, self.kubeconfig = binary, kubeconfig
-
-    def run(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        return result
-
-    def apply(self, manifest: dict | str, namespace: str, check: bool = True) -> subprocess.CompletedProcess:
-        text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
-        return self.run("apply", "-n", namespace, "-f", "-", input=text, check=check)
 
 
 @pytest.fixture(scope="session")
@@ -114,36 +69,6 @@ def namespace(devcluster, kube_api):
     core.delete_namespace(name)
 
 
-class ManagedProcess:
-    """A `python -m tokenyard.<component>` child process with its log in a file, stopped by its pid."""
-
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
-        self.args, self.log_path, self.env = args, log_path, env or {}
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> ManagedProcess:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", *self.args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **self.env},
-        )
-        log.close()
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
-        if self.proc is not None:
-            stop_process(self.proc, timeout=timeout, sig=sig)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
 OPERATOR_ENV = {"TOKENYARD_RESYNC_SECONDS": "2", "TOKENYARD_BIND_TIMEOUT_SECONDS": "5"}
 
 
@@ -160,90 +85,35 @@ def sim_pods_process(kubeconfig: Path, log_path: Path, time_scale: float = 0.05)
 
 
 def engine_scrape_config(devcluster: DevCluster) -> dict:
-    """Prometheus' Kubernetes service discovery of the engine leaders, against the local API server."""
-    from tokenyard.devcluster.cluster import ADMIN_TOKEN
-
-    keep = lambda label, value: {"source_labels": [label], "regex": value, "action": "keep"}  # noqa: E731
-    copy = lambda label, target: {"source_labels": [label], "target_label": target}  # noqa: E731
-    return {
-        "job_name": "engines",
-        "scrape_interval": "1s",
-        "scrape_timeout": "1s",
-        "kubernetes_sd_configs": [
-            {
-                "role": "pod",
-                "api_server": devcluster.server,
-                "tls_config": {"insecure_skip_verify": True},
-                "authorization": {"credentials": ADMIN_TOKEN},
-            }
-        ],
-        "relabel_configs": [
-            keep("__meta_kubernetes_pod_label_app_kubernetes_io_component", "engine"),
-            keep("__meta_kubernetes_pod_label_tokenyard_dev_role", "leader"),
-            keep("__meta_kubernetes_pod_container_port_name", "http"),
-            copy("__meta_kubernetes_namespace", "namespace"),
-            copy("__meta_kubernetes_pod_label_tokenyard_dev_model_deployment", "model_deployment"),
-            copy("__meta_kubernetes_pod_label_tokenyard_dev_revision", "revision"),
-            copy("__meta_kubernetes_pod_name", "pod"),
-        ],
-    }
+    """The chart's plain-Prometheus scrape job for the engine leaders (the labels its PodMonitor gives), reaching
+    the local API server from outside the cluster."""
+    (job,) = [
+        job
+        for job in prometheus.out_of_cluster(
+            prometheus.chart_scrape_configs(ensure_binaries(build=False).helm, "default", interval="1s"),
+            devcluster.server,
+            ADMIN_TOKEN,
+        )
+        if job["job_name"] == "tokenyard-engines"
+    ]
+    return job
 
 
 def prometheus_process(folder: Path, scrape_configs: list[dict]) -> tuple[ManagedProcess, str]:
     """A real Prometheus on a free loopback port, scraping every second: the one `make binaries` builds (it
     has Kubernetes service discovery, which Debian's package lacks)."""
-    import socket
-
     binary = ensure_binaries(build=False).prometheus
     if binary is None:
         pytest.fail("no prometheus in the binary cache; `make binaries` builds it")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = folder / "prometheus.yml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "scrape_configs": scrape_configs,
-            }
-        )
-    )
-    process = ManagedProcess([], folder / "prometheus.log")
-    process.args = [
-        f"--config.file={config}",
-        f"--storage.tsdb.path={folder / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--log.level=warn",
-    ]
-    log = open(process.log_path, "ab")
-    process.proc = subprocess.Popen(
-        [binary, *process.args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-    )
-    log.close()
+    port = free_port()
+    process = prometheus.prometheus_process(binary, folder, scrape_configs, port).start()
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _http_ok(f"{url}/-/ready"), timeout=30, what="Prometheus to be ready")
+    wait_for(lambda: prometheus.ready(url), timeout=30, what="Prometheus to be ready")
     return process, url
 
 
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=2) as response:
-        return response.status == 200
-
-
 def prometheus_query(url: str, query: str) -> list[dict]:
-    import json
-    import urllib.parse
-    import urllib.request
-
-    with urllib.request.urlopen(
-        f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}", timeout=5
-    ) as r:
-        body = json.loads(r.read())
-    assert body["status"] == "success", body
-    return body["data"]["result"]
+    return prometheus.query(url, query, timeout=5)
 
 
 class CuttableProxy:
@@ -316,5 +186,16 @@ def kubeconfig_through(kubeconfig: Path, proxy_port: int, out: Path) -> Path:
     for cluster in doc["clusters"]:
         url = urlsplit(cluster["cluster"]["server"])
         cluster["cluster"]["server"] = f"{url.scheme}://127.0.0.1:{proxy_port}"
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
+def kubeconfig_as(kubeconfig: Path, kubectl: Kubectl, account: str, namespace: str, out: Path) -> Path:
+    """A copy of `kubeconfig` that authenticates as ServiceAccount `namespace/account` (a fresh one-hour token),
+    to run a component with exactly the access its RBAC gives it."""
+    token = kubectl.run("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
+    doc = yaml.safe_load(kubeconfig.read_text())
+    for user in doc["users"]:
+        user["user"] = {"token": token}
     out.write_text(yaml.safe_dump(doc))
     return out

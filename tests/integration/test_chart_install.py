@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
@@ -35,11 +36,14 @@ def helm_binary():
         pytest.skip(f"helm is not built: {e}")
 
 
-def install(binary, kubeconfig, release: str, namespace: str, *values: str) -> subprocess.CompletedProcess:
-    """`helm install` of the chart, CRDs left out (the session fixture applies them), with `--set` values."""
+def install(
+    binary, kubeconfig, release: str, namespace: str, *values: str, chart: Path = CHART
+) -> subprocess.CompletedProcess:
+    """`helm install` of the chart (this one unless told), CRDs left out (the session fixture applies them), with
+    `--set` values."""
     sets = [arg for value in values for arg in ("--set", value)]
     return helm(
-        binary, kubeconfig, "install", release, str(CHART), "--namespace", namespace, "--skip-crds", *sets
+        binary, kubeconfig, "install", release, str(chart), "--namespace", namespace, "--skip-crds", *sets
     )
 
 

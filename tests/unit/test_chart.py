@@ -98,8 +98,18 @@ def operator_container(docs) -> dict:
 # ----------------------------------------------------------------------------------------------- lint & shape
 
 
-def test_helm_lint_passes_strict():
-    result = helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION)
+@pytest.mark.parametrize(
+    "options",
+    [
+        (),
+        # the other side of each template branch: standalone operator, namespaced peering, Redis, overrides
+        ("operator.peering.enabled=false", "autoscaler.enabled=false", "grafanaDashboards.enabled=false"),
+        ("operator.watchNamespaces={a,b}", "router.redisUrl=redis://redis:6379/0", "autoscaler.image=x/y:1"),
+    ],
+)
+def test_helm_lint_passes_strict(options):
+    sets = [arg for option in options for arg in ("--set", option)]
+    result = helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *sets)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -144,6 +154,11 @@ _CUSTOM_CALL = re.compile(
     r"\.(create|delete|patch|replace|get|list)_(?:namespaced|cluster)_custom_object(_status|_scale)?\(\s*"
     r"keys\.GROUP,\s*keys\.VERSION,(?:\s*\w+,)?\s*\"(\w+)\""
 )
+# The InferencePool calls (kube_writes.InferencePools), granted only with inferencePool.enabled.
+_POOL_CALL = re.compile(
+    r"\.(create|delete|patch|replace|get|list)_namespaced_custom_object\(\s*POOL_GROUP,\s*POOL_VERSION,"
+)
+POOL_RESOURCE = ("inference.networking.k8s.io", "inferencepools")
 _OTHER_CALL = re.compile(r"\.((?:create|delete|patch|replace|read|list)_\w+)\(")
 _VERB = {
     "create": "create",
@@ -193,11 +208,17 @@ def operator_api_needs() -> set[tuple[str, str, str]]:
         for resource in _KOPF_RESOURCE.findall(source):
             group = "tokenyard.dev" if resource in ("modeldeployments", "inferenceautoscalers") else ""
             needs |= {(group, resource, "list"), (group, resource, "watch")}
+        for verb in _POOL_CALL.findall(source):
+            needs.add((*POOL_RESOURCE, _VERB[verb]))
+            if verb == "patch" and "application/apply-patch" in source:
+                needs.add((*POOL_RESOURCE, "create"))  # a server-side apply that creates needs create too
         if "kopf.info(" in source or "kopf.warn(" in source or "kopf.event(" in source:
             needs.add(("", "events", "create"))
-        known = {m.group(0) for m in _CORE_CALL.finditer(source)} | {
-            m.group(0) for m in _CUSTOM_CALL.finditer(source)
-        }
+        known = (
+            {m.group(0) for m in _CORE_CALL.finditer(source)}
+            | {m.group(0) for m in _CUSTOM_CALL.finditer(source)}
+            | {m.group(0) for m in _POOL_CALL.finditer(source)}
+        )
         for match in _OTHER_CALL.finditer(source):
             name = match.group(1)
             if "namespaced" in name or "custom_object" in name or name.startswith(("list_node", "read_node")):
@@ -236,13 +257,19 @@ def test_operator_cluster_role_grants_every_call_the_operator_makes():
     ) in needs, f"the source scan found too little: {sorted(needs)}"
     # Kopf itself: finalizer and progress annotations on the ModelDeployments.
     needs.add(("tokenyard.dev", "modeldeployments", "patch"))
-    grants = granted(one(render(), "ClusterRole", "-operator")["rules"])
-    missing = needs - grants
-    assert not missing, f"operator ClusterRole lacks {sorted(missing)}"
-    # Least privilege: nothing beyond the code's needs, Kopf's CRD observation and Kopf peering.
+    pool_needs = {n for n in needs if n[:2] == POOL_RESOURCE}
+    assert {v for *_, v in pool_needs} == {"get", "create", "patch"}, (
+        f"InferencePool calls: {sorted(pool_needs)}"
+    )
     kopf_framework = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
-    extra = {g for g in grants - needs - kopf_framework if g[0] != "kopf.dev"}
-    assert not extra, f"operator ClusterRole grants more than the code uses: {sorted(extra)}"
+    pools_on = ("router.epp.enabled=true", "inferencePool.enabled=true")
+    for options, expected in (((), needs - pool_needs), (pools_on, needs)):
+        grants = granted(one(render(*options), "ClusterRole", "-operator")["rules"])
+        missing = expected - grants
+        assert not missing, f"operator ClusterRole ({options}) lacks {sorted(missing)}"
+        # Least privilege: nothing beyond the code's needs, Kopf's CRD observation and Kopf peering.
+        extra = {g for g in grants - expected - kopf_framework if g[0] != "kopf.dev"}
+        assert not extra, f"operator ClusterRole ({options}) grants more than the code uses: {sorted(extra)}"
 
 
 def test_peering_rbac_is_narrowed_to_the_release_peering_object():
@@ -296,6 +323,49 @@ def test_standalone_mode_is_one_recreated_replica():
 
     parsed = parse_args(_cli_args(operator_container(docs)))
     assert parsed.peering is None and parsed.standalone
+
+
+def test_inference_pools_name_the_router_epp_port_the_chart_renders():
+    """inferencePool.enabled: the operator's settings, read from its rendered env as it reads them at start-up,
+    name a router Service of the release with a port `epp` that reaches the router container's `epp` port."""
+    from tokenyard.operator.settings import OperatorSettings
+
+    docs = render("router.epp.enabled=true", "router.epp.port=9100", "inferencePool.enabled=true")
+    env = {e["name"]: e["value"] for e in operator_container(docs)["env"] if "value" in e}
+    settings = OperatorSettings.from_environment(env)
+    assert settings.inference_pool == "auto"
+    picker = settings.endpoint_picker
+    service = one(docs, "Service", picker.service)
+    assert service["metadata"]["name"] == picker.service
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == "epp"]
+    assert (port["port"], port["targetPort"], port["appProtocol"]) == (
+        picker.port,
+        "epp",
+        "kubernetes.io/h2c",
+    )
+    router = one(docs, "Deployment", "-router")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "epp", "containerPort": 9100} in router["ports"]
+    assert "--epp-port=9100" in router["args"]
+
+
+def test_inference_pools_and_the_epp_port_are_off_by_default_and_need_each_other():
+    docs = render()
+    env = {e["name"]: e.get("value") for e in operator_container(docs)["env"]}
+    assert env["TOKENYARD_INFERENCE_POOL"] == "off"
+    router = one(docs, "Deployment", "-router")["spec"]["template"]["spec"]["containers"][0]
+    assert not [a for a in router["args"] if a.startswith("--epp-port")]
+    assert "epp" not in {p["name"] for p in one(docs, "Service", "-router")["spec"]["ports"]}
+    args = [
+        "template",
+        RELEASE,
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "inferencePool.enabled=true",
+    ]
+    refused = helm(*args)
+    assert refused.returncode != 0 and "inferencePool.enabled needs router.epp.enabled" in refused.stderr
 
 
 def test_operator_pod_is_locked_down_and_probed_on_kopf_liveness():

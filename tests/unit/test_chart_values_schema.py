@@ -76,6 +76,8 @@ def test_schema_describes_every_key_of_values_yaml():
         ("operator.peering.enabled=yes", "/operator/peering/enabled", "want boolean"),
         ("operator.resources.request.cpu=1", "/operator/resources", "request"),
         ("operator.watchNamespaces={Team_A}", "/operator/watchNamespaces/0", "pattern"),
+        ("router.epp.port=0", "/router/epp/port", "minimum"),
+        ("inferencePool.failureMode=Open", "/inferencePool/failureMode", "FailClose"),
     ],
 )
 def test_a_wrong_value_is_refused_naming_the_field(option, field, why):

@@ -202,7 +202,11 @@ def workload_containers(docs) -> dict[str, dict]:
 
 
 def rendered_variants():
-    return [render(), render("operator.peering.enabled=false", "router.redisUrl=redis://redis:6379/0")]
+    return [
+        render(),
+        render("operator.peering.enabled=false", "router.redisUrl=redis://redis:6379/0"),
+        render("router.epp.enabled=true", "inferencePool.enabled=true"),
+    ]
 
 
 @cache

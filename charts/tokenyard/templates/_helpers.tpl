@@ -196,6 +196,24 @@ spec:
         - name: TOKENYARD_PROMETHEUS_URL
           value: {{ . | quote }}
         {{- end }}
+        {{- if .Values.inferencePool.enabled }}
+        {{- if not .Values.router.epp.enabled }}
+        {{- fail "inferencePool.enabled needs router.epp.enabled: the pools name the router's epp Service port as their endpoint picker" }}
+        {{- end }}
+        # One InferencePool per ModelDeployment while the cluster serves that CRD, naming the router's epp port.
+        - name: TOKENYARD_INFERENCE_POOL
+          value: auto
+        - name: TOKENYARD_EPP_SERVICE
+          value: {{ include "tokenyard.componentName" (dict "root" . "component" "router") | quote }}
+        - name: TOKENYARD_EPP_PORT
+          value: {{ .Values.router.epp.port | quote }}
+        - name: TOKENYARD_EPP_FAILURE_MODE
+          value: {{ .Values.inferencePool.failureMode | default "FailClose" | quote }}
+        {{- else }}
+        # No InferencePools (and no RBAC for them): inferencePool.enabled is false.
+        - name: TOKENYARD_INFERENCE_POOL
+          value: "off"
+        {{- end }}
         - name: PYTHONUNBUFFERED
           value: "1"
         - name: PYTHONDONTWRITEBYTECODE

@@ -43,9 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop every process the control plane started")
     sub.add_parser("status", help="print the state of the control plane as JSON")
     sub.add_parser("binaries", help="find or build the binaries and print where they are")
-    demo = sub.add_parser("demo", help="cluster, operator, simulated engines and router, with a few requests")
+    demo = sub.add_parser(
+        "demo",
+        help="the whole stack (operator, engines, router, Prometheus, autoscaler) under a rising and falling load",
+    )
+    demo.add_argument("--once", action="store_true", help="stop after one load cycle instead of at Ctrl-C")
     demo.add_argument(
-        "--once", action="store_true", help="exit after the walkthrough instead of waiting for Ctrl-C"
+        "--period",
+        type=float,
+        default=240.0,
+        help="seconds of one load cycle (low, peak, low again) (default %(default)s)",
     )
     args = parser.parse_args(argv)
 
@@ -71,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from tokenyard.devcluster.demo import run
 
-            return run(args.dir, once=args.once)
+            if args.period < 30:
+                parser.error(
+                    f"--period {args.period:g}: at least 30 seconds (the fleet needs time to follow)"
+                )
+            return run(args.dir, once=args.once, period_s=args.period)
         cluster = DevCluster(args.dir)
         if args.command == "down":
             if not cluster.load():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -29,6 +30,7 @@ from pathlib import Path
 from tokenyard.devcluster.binaries import Binaries, ensure_binaries
 from tokenyard.devcluster.topology import KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE, Topology
 
+# The default range of pod IPs; each cluster takes a /16 of 127.0.0.0/8 where nothing listens yet (unused_pod_cidr).
 POD_CIDR = "127.1.0.0/16"
 # Not dialled by anything: no kube-proxy runs, and the operator's group Services are headless.
 SERVICE_CIDR = "127.96.0.0/16"
@@ -73,6 +75,7 @@ class ClusterState:
     # in this file may belong to someone else's processes, and `down` must not signal those
     started: dict[str, int] = field(default_factory=dict)
     topology: str = ""
+    pod_cidr: str = POD_CIDR
 
 
 def _insecure_tls() -> ssl.SSLContext:
@@ -132,6 +135,7 @@ class DevCluster:
             scheduler_port=free_port(),
             kwok_port=free_port(),
             topology=self.topology.describe(),
+            pod_cidr=unused_pod_cidr(),
         )
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
@@ -189,6 +193,29 @@ class DevCluster:
         self.state.pids, self.state.started = {}, {}
         with contextlib.suppress(FileNotFoundError):
             self.state_file.unlink()
+
+    def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = 60.0) -> None:
+        """Stop the kube-apiserver, keep it down for `down_seconds`, start it again on the same port with the
+        same certificates (etcd and every client keep running), and return once it is ready. For chaos tests:
+        every watch of every client breaks and must resume by itself."""
+        if self.state is None or "kube-apiserver" not in self.state.pids:
+            raise ClusterError("no kube-apiserver of this cluster is running; start the cluster first")
+        pid = self.state.pids["kube-apiserver"]
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        while _alive(pid) and time.monotonic() < deadline:
+            self._reap("kube-apiserver")
+            time.sleep(0.05)
+        if _alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+        self._reap("kube-apiserver", block=True)
+        time.sleep(down_seconds)
+        self._spawn("kube-apiserver", self._apiserver_cmd(ensure_binaries(build=False)))
+        self._await(
+            lambda: self._http_ok(f"{self.server}/readyz", token=True),
+            "kube-apiserver",
+            time.monotonic() + timeout,
+        )
 
     def load(self) -> bool:
         """Read state.json of a cluster started earlier (maybe by another process)."""
@@ -430,10 +457,27 @@ class DevCluster:
             f"--kubeconfig={self.kubeconfig}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
-            f"--cidr={POD_CIDR}",
+            f"--cidr={self.state.pod_cidr}",
             "--node-ip=127.0.0.1",
             f"--server-address=127.0.0.1:{self.state.kwok_port}",
         ]
+
+
+def unused_pod_cidr() -> str:
+    """A /16 of 127.0.0.0/8 for a new cluster's pod IPs in which no process listens. kwok hands out pod IPs from
+    the start of its range, so two clusters on one machine (parallel test sessions, a demo beside the tests)
+    sharing a range would put their engines on the same addresses: one's router would reach the other's
+    engines. 127.0.x (127.0.0.1) and the service range 127.96.x stay out."""
+    taken: set[int] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A":  # LISTEN; the address is little-endian hex: 127.1.0.3 is 0300017F
+                address = int(local.split(":")[0], 16)
+                if address & 0xFF == 127:
+                    taken.add((address >> 8) & 0xFF)
+    free = [octet for octet in range(1, 96) if octet not in taken]
+    return f"127.{random.choice(free or range(1, 96))}.0.0/16"
 
 
 def _alive(pid: int) -> bool:

@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -21,6 +22,7 @@ from tokenyard.autoscaler.policy import SignalKind
 from tokenyard.autoscaler.prometheus import signal_query
 from tokenyard.core.process import stop_process
 from tokenyard.core.prometheus import PrometheusClient
+from tokenyard.devcluster import prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -131,30 +133,18 @@ def start_prometheus(tmp_path, targets: list[tuple[list[int], str]]) -> tuple[su
     """A real Prometheus scraping each group of loopback ports every second, labelled as the engine pods of
     the ModelDeployment named beside them (namespace team-a)."""
     port = free_port()
-    config = tmp_path / "prometheus.yml"
-    lines = [
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n",
-        "scrape_configs:\n",
-        "  - job_name: engines\n",
-        "    static_configs:\n",
-    ]
-    for ports, deployment in targets:
-        listed = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
-        lines.append(f"      - targets: [{listed}]\n")
-        lines.append(f"        labels: {{namespace: team-a, model_deployment: {deployment}}}\n")
-    config.write_text("".join(lines))
-    process = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
+    job = {
+        "job_name": "engines",
+        "static_configs": [
+            {
+                "targets": [f"127.0.0.1:{p}" for p in ports],
+                "labels": {"namespace": "team-a", "model_deployment": deployment},
+            }
+            for ports, deployment in targets
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    return process, port
+    }
+    process = prometheus.prometheus_process(Path(PROMETHEUS), tmp_path, [job], port).start()
+    return process.proc, port
 
 
 @pytest.fixture
