@@ -15,7 +15,7 @@ IMAGE_TAG ?= $(VERSION)
 CONTAINER_ENGINE ?=
 
 .PHONY: help install proto test test-unit test-integration lint demo cluster-up cluster-down \
-	cluster-status binaries bench bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout chaos crds \
+	cluster-status binaries bench bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout chaos chaos-serving crds \
 	image lint-dockerfile
 
 help:
@@ -26,7 +26,7 @@ help:
 	@echo "make cluster-up    start the local control plane (make cluster-down stops it)"
 	@echo "make bench         every benchmark in turn (BENCH_QUICK=1: shorter runs), each ending in one JSON line"
 	@echo "make bench-*       sim | router | placement | autoscaler | rollout | operator-cluster"
-	@echo "make chaos         SIGKILL the operator mid-change on the local stack (CHAOS_QUICK=1: 3 trials)"
+	@echo "make chaos         faults on purpose: operator, router, Redis, Prometheus, engines, API server (CHAOS_QUICK=1: 3 trials)"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -116,7 +116,13 @@ bench-autoscaler: $(STAMP) proto
 bench-rollout: $(STAMP) proto
 	$(PY) bench/bench_rollout.py
 
-# SIGKILL the operator at random points of scale-up, scale-down and a rolling update on the local cluster;
-# counts duplicate and orphaned pods, availability below the bound, time to converge (CHAOS_TRIALS, CHAOS_SEED).
+# Faults on purpose, both suites, failing when either does: chaos_operator.py (the operator SIGKILLed mid scale-up,
+# scale-down, revision update and canary steps; Prometheus stopped under a canary and under the autoscaler; the
+# API server restarted) and chaos_serving.py (a router killed under load, Redis restarted, an engine crashing or
+# hanging). CHAOS_QUICK=1: 3 trials; CHAOS_ONLY=name,...: some scenarios; CHAOS_SEED repeats a run.
 chaos: $(STAMP) proto binaries
-	$(PY) bench/chaos_operator.py
+	$(PY) bench/chaos_operator.py; operator=$$?; $(PY) bench/chaos_serving.py; serving=$$?; \
+	exit $$(( operator || serving ))
+
+chaos-serving: $(STAMP) proto
+	$(PY) bench/chaos_serving.py
