@@ -17,7 +17,7 @@ from tokenyard.operator.ledger import GpuLedger
 from tokenyard.operator.manifests import GroupNames
 from tokenyard.operator.node_view import ClusterView
 from tokenyard.operator.placement import Assignment
-from tokenyard.operator.reconcile_plan import RECREATED, ReconcilePlan
+from tokenyard.operator.reconcile_plan import RECREATED, REMOVED, ReconcilePlan
 from tokenyard.operator.runtime import Runtime
 from tokenyard.operator.snapshot import DeploymentMeta, DeploymentSnapshot
 
@@ -43,7 +43,7 @@ async def apply_plan(
     for deletion in planned.deletions:
         group = deletion.group
         names = GroupNames(snapshot.name, snapshot.namespace, group.revision, group.index)
-        await runtime.writes.delete_group(names, group)
+        await runtime.writes.delete_group(names, group, drain=deletion.kind == REMOVED)
         if deletion.kind == RECREATED:
             runtime.metrics.groups_recreated.labels(*key).inc()
         events.emit(deletion.event)

@@ -55,11 +55,16 @@ class KubeWrites:
             if isinstance(outcome, BaseException):
                 raise outcome
 
-    async def delete_group(self, names: GroupNames, group: GroupView) -> None:
+    async def delete_group(self, names: GroupNames, group: GroupView, drain: bool) -> None:
+        """Delete the group's pods and Service. ``drain``: a healthy group leaving (scale-down, an old revision
+        replaced): its pods get their own grace period, so the preStop sleep lets the streams they serve finish
+        while they are already out of the router's endpoints. Otherwise (a gang with a dead member, or one that
+        could not bind) at once: it serves nothing whole, and its replacement waits for its GPUs."""
         core = k8s.CoreV1Api(self.api)
+        grace = None if drain else 0  # None: the pod's terminationGracePeriodSeconds
         for member in group.members:
             try:
-                await core.delete_namespaced_pod(member.name, names.namespace, grace_period_seconds=0)
+                await core.delete_namespaced_pod(member.name, names.namespace, grace_period_seconds=grace)
             except ApiException as e:
                 if e.status != 404:
                     raise

@@ -21,6 +21,7 @@ SPEC = {
 class FakeWrites:
     def __init__(self, fail_groups=()):
         self.calls = []
+        self.drained = []  # per delete_group: whether the pods got their grace period
         self.fail_groups = set(fail_groups)
 
     async def create_group(self, owner, spec, names, nodes):
@@ -28,8 +29,9 @@ class FakeWrites:
         if names.index in self.fail_groups:
             raise ApiException(status=500, reason="boom")
 
-    async def delete_group(self, names, group):
+    async def delete_group(self, names, group, drain):
         self.calls.append(("delete", names.index, names.revision))
+        self.drained.append(drain)
 
     async def patch_status(self, name, namespace, status):
         self.calls.append(("status", name))
@@ -128,6 +130,7 @@ async def test_a_dead_group_is_deleted_then_replaced_on_its_node():
     planned = plan(snap, [dead], view.nodes(NOW), None, NOW, 30)
     await apply_plan(rt, snap, planned, view, events, None)
     assert [c[0] for c in writes.calls] == ["delete", "create"]
+    assert writes.drained == [False]  # a broken gang goes at once: nothing whole to drain
     assert writes.calls[1][1] == 1 and writes.calls[1][3] == ("n1",)  # a new index, back on the same node
     assert events.posted == [("GroupRecreated", True), ("GroupPlaced", False)]
     assert (
@@ -136,6 +139,22 @@ async def test_a_dead_group_is_deleted_then_replaced_on_its_node():
         )
         == 1
     )
+
+
+async def test_a_healthy_group_removed_by_a_scale_down_drains_its_streams():
+    writes, events = FakeWrites(), RecordedEvents()
+    rt = runtime(writes)
+    view = cluster(rt)
+    snap = snapshot(1)
+    revision = planned_revision(snap)
+    ready = [
+        GroupView(i, revision, 1, (MemberView(f"llm-{i}-0", 0, f"n{i}", "Ready"),), (f"n{i}",), (f"n{i}",))
+        for i in range(2)
+    ]
+    planned = plan(snap, ready, view.nodes(NOW), None, NOW, 30)
+    await apply_plan(rt, snap, planned, view, events, None)
+    assert [c[0] for c in writes.calls] == ["delete"] and writes.drained == [True]
+    assert events.posted == [("GroupRemoved", False)]
 
 
 def planned_revision(snap):
