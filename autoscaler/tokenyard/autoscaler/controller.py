@@ -44,7 +44,12 @@ from tokenyard.autoscaler.policy import (
     SignalKind,
     SignalSpec,
 )
-from tokenyard.autoscaler.prometheus import DEFAULT_SELECTOR, QueryTemplateError, signal_query
+from tokenyard.autoscaler.prometheus import (
+    DEFAULT_SELECTOR,
+    QueryTemplateError,
+    freshness_query,
+    signal_query,
+)
 from tokenyard.core import labels
 from tokenyard.core.prometheus import PrometheusClient, Reading
 from tokenyard.core.types import AutoscalerMode, InferenceAutoscalerSpec
@@ -62,6 +67,26 @@ ERROR_STAGES = (STAGE_LOOP, STAGE_RECONCILE)
 # inside Kubernetes' default 30 s termination grace period, whatever the API server and Prometheus do.
 DRAIN_SECONDS = 5.0
 RELEASE_SECONDS = 3.0
+
+# Engine samples older than this are not a reading of now: Prometheus restarted (it answers from before its
+# outage for up to its 5-minute lookback) or stopped scraping the engines. Several scrape intervals (the chart's
+# PodMonitor scrapes every 15 s), so one late scrape is not a gap.
+MAX_SAMPLE_AGE_SECONDS = 60.0
+
+
+def without_stale_values(readings: dict[str, Reading], age: Reading, max_age_s: float) -> dict[str, Reading]:
+    """The signals' readings, each with a value turned into "no data" (which holds the count: never a scale-down
+    on it) when the target's newest engine sample is older than ``max_age_s``. An age that cannot be read (no
+    engine series: a custom selector or query, or Prometheus down) leaves them as they are: the signal queries
+    then say for themselves whether they have data."""
+    if age.value is None or age.value <= max_age_s:
+        return readings
+    problem = (
+        f"the newest engine sample is {age.value:.0f}s old (more than {max_age_s:.0f}s): Prometheus is not "
+        "scraping the engines now (restarted, or its targets are down); holding until fresh samples arrive"
+    )
+    return {n: Reading(None, problem, r.sampled_at) if r.ok else r for n, r in readings.items()}
+
 
 # Plurals of the kinds a scaleTargetRef usually names; others fall back to lower-case kind + "s".
 KNOWN_PLURALS = {
@@ -438,8 +463,10 @@ class AutoscalerController:
         clock=time.time,
         drain_seconds: float = DRAIN_SECONDS,
         release_seconds: float = RELEASE_SECONDS,
+        max_sample_age_s: float = MAX_SAMPLE_AGE_SECONDS,
     ) -> None:
         self.custom = client.CustomObjectsApi(api_client)
+        self.max_sample_age_s = max_sample_age_s
         self.drain_seconds = drain_seconds
         self.release_seconds = release_seconds
         self.core = client.CoreV1Api(api_client)
@@ -582,7 +609,11 @@ class AutoscalerController:
         except QueryTemplateError as exc:
             await self._write_failure(obj, "InvalidSpec", f"spec.signals[].query: {exc}")
             return
-        readings = await self.prometheus.query_many(queries)
+        readings, age = await asyncio.gather(
+            self.prometheus.query_many(queries),
+            self.prometheus.query(freshness_query(namespace, ref.name, self.selector)),
+        )
+        readings = without_stale_values(readings, age, self.max_sample_age_s)
         for n, reading in readings.items():
             tracked.window.add(n, now, reading.value)
         decision = tracked.policy.decide(

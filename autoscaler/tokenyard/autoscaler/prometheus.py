@@ -18,6 +18,7 @@ __all__ = [
     "QueryTemplateError",
     "Reading",
     "parse_query_response",
+    "freshness_query",
     "signal_query",
 ]
 
@@ -113,6 +114,18 @@ _QUERIES: dict[SignalKind, str] = {
 }
 
 
+# How old the newest engine sample is, in seconds: every engine exports its running-requests gauge at every scrape
+# (0 when idle). Prometheus answers instant queries with the last sample of the lookback window (5 minutes), so
+# when it has just restarted, or stopped scraping the engines, the signal queries still return values from
+# before: this tells them apart from a live reading. Empty when the target has no engine series at all.
+# `timestamp()` gives a sample's own time only when applied to a selector itself (of any other expression it
+# gives the evaluation time), hence one per engine.
+_FRESHNESS = (
+    "time() - max(timestamp(vllm:num_requests_running{$selector})"
+    ' or timestamp(sglang:num_running_reqs{priority="",$selector}))'
+)
+
+
 class QueryTemplateError(ValueError):
     """A signal without a query, or a query that names an unknown $placeholder."""
 
@@ -131,6 +144,15 @@ def signal_query(
     template = override or _QUERIES.get(kind)
     if template is None:
         raise QueryTemplateError(f"signal kind {kind.value} has no default query; set spec.signals[].query")
+    return _substitute(template, namespace, target, selector)
+
+
+def freshness_query(namespace: str, target: str, selector: str = DEFAULT_SELECTOR) -> str:
+    """The PromQL for the age in seconds of the target's newest engine sample."""
+    return _substitute(_FRESHNESS, namespace, target, selector)
+
+
+def _substitute(template: str, namespace: str, target: str, selector: str) -> str:
     values = {"namespace": namespace, "target": target}
     values["selector"] = Template(selector).substitute(values)
     try:

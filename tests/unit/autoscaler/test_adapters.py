@@ -21,6 +21,7 @@ from tokenyard.autoscaler.controller import (
     effective_panic_window,
     policy_config_from_spec,
     target_counts,
+    without_stale_values,
 )
 from tokenyard.autoscaler.policy import Direction, ScalingDecision, SignalKind, SignalReading
 from tokenyard.autoscaler.prometheus import QueryTemplateError, signal_query
@@ -226,8 +227,14 @@ class FakeCore:
 
 
 class FakePrometheus:
-    def __init__(self, values):
+    def __init__(self, values, sample_age_s=5.0):
         self.values = values  # signal name -> value or None
+        self.sample_age_s = sample_age_s  # what the freshness query answers (None: no engine series)
+
+    async def query(self, promql, at=None):
+        assert promql.startswith("time() - max(timestamp("), promql  # only the freshness query comes here
+        age = self.sample_age_s
+        return Reading(age, "" if age is not None else "no data")
 
     async def query_many(self, queries, at=None):
         out = {}
@@ -303,6 +310,35 @@ async def test_a_calm_autoscaler_exports_its_error_and_scale_counters_at_zero():
     for direction in ("Up", "Down"):
         labels = {"namespace": "ns", "autoscaler": "a", "direction": direction}
         assert c.metrics.registry.get_sample_value("tokenyard_autoscaler_scale_actions_total", labels) == 0
+
+
+async def test_samples_from_before_a_prometheus_outage_hold_the_count():
+    """Prometheus back from a restart answers from its lookback window: an idle-looking target whose newest
+    engine sample is minutes old is not scaled down; once the samples are fresh it is."""
+    clock = [1000.0]
+    c = make_controller(
+        [autoscaler("a", "llama")],
+        {"llama": {"replicas": 3, "ready": 3}},
+        {"KVCacheUsage": 0.05, "QueuedTokens": 0.0},
+        lambda: clock[0],
+    )
+    c.prometheus.sample_age_s = 95.0
+    await passes(c, clock, 60)
+    assert c.custom.scale_writes == []
+    status = c.custom.status_writes[-1][1]
+    assert "95s old" in str(status), status
+    c.prometheus.sample_age_s = 3.0
+    await passes(c, clock, 600)
+    assert c.custom.scale_writes and c.custom.scale_writes[-1][1] < 3
+
+
+def test_only_values_are_made_stale_and_an_unknown_age_changes_nothing():
+    readings = {"a": Reading(0.1, "", 5.0), "b": Reading(None, "no data")}
+    old = without_stale_values(readings, Reading(61.0), 60.0)
+    assert old["a"].value is None and "61s old" in old["a"].problem and old["a"].sampled_at == 5.0
+    assert old["b"] is readings["b"]
+    assert without_stale_values(readings, Reading(59.0), 60.0) is readings
+    assert without_stale_values(readings, Reading(None, "Prometheus unreachable"), 60.0) is readings
 
 
 async def test_status_names_each_signal_with_its_last_value():

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 from tokenyard.autoscaler.policy import SignalKind
-from tokenyard.autoscaler.prometheus import signal_query
+from tokenyard.autoscaler.prometheus import freshness_query, signal_query
 
 
 def test_every_gauge_signal_reads_both_engines_before_aggregating():
@@ -142,7 +142,19 @@ def expect(kind: SignalKind, target: str, value: float | None) -> dict:
     return {"expr": signal_query(kind, "ns", target), "eval_time": "10m", "exp_samples": samples}
 
 
+def expect_age(target: str, eval_time: str, age_s: float | None) -> dict:
+    samples = [] if age_s is None else [{"labels": "{}", "value": age_s}]
+    return {"expr": freshness_query("ns", target), "eval_time": eval_time, "exp_samples": samples}
+
+
 CASES = [
+    # the newest engine sample's age: 0 while scraped; 2 minutes after the last scrape (Prometheus back from an
+    # outage still answers the signal queries from the lookback window), 120 s, whichever engine
+    expect_age("v", "10m", 0),
+    expect_age("s", "10m", 0),
+    expect_age("mix", "12m", 120),
+    expect_age("s", "12m", 120),
+    expect_age("nobody", "10m", None),
     # waiting requests: vLLM pods summed; SGLang's priority="" total once, not per rank or per priority
     expect(SignalKind.WAITING_REQUESTS, "v", 4),
     expect(SignalKind.WAITING_REQUESTS, "s", 5),
