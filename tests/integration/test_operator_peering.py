@@ -101,7 +101,7 @@ def test_two_replicas_run_one_at_a_time_and_the_standby_takes_over_after_a_kill(
         }
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
         pods = wait_for(
-            _groups_ready(custom, core, namespace, 3), timeout=60, what="3 groups by the active replica"
+            _groups_ready(custom, core, namespace, 3), timeout=120, what="3 groups by the active replica"
         )
         assert (
             len({p.metadata.labels[labels.GROUP_INDEX] for p in pods}) == 3
