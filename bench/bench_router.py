@@ -558,15 +558,19 @@ class RouterProcess:
             args = cache_aware_argv(
                 router, "127.0.0.1", self.port, engines, free_port(), grid[setting], python=PY
             )
-        self.proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Its log goes to a file, never to a pipe nobody reads: a chatty router would fill the pipe and block.
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=self.log)
+
+    def log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-2000:]
 
     async def ready(self, session: aiohttp.ClientSession, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"router exited {self.proc.returncode}: {self.proc.stderr.read().decode()[-2000:]}"
-                )
+                raise RuntimeError(f"router exited {self.proc.returncode}: {self.log_tail()}")
             with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
                 if self.peer:  # a peer routes once some worker is healthy: wait until every one is
                     async with session.get(self.url + READINESS_PATH) as response:
@@ -583,6 +587,7 @@ class RouterProcess:
 
     def stop(self) -> None:
         stop_process(self.proc, timeout=10)
+        self.log.close()
 
 
 # --- the benchmark -------------------------------------------------------------------------------------------

@@ -152,6 +152,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MISS_PENALTY,
         help="extra cost of each uncached prompt token, as a share of its prefill (default %(default)s)",
     )
+    route.add_argument(
+        "--prefill-interference",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="count each uncached prompt token once more per request in flight on the replica, whose steps "
+        "its prefill holds back (default: off)",
+    )
+    route.add_argument(
+        "--prefix-feedback",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="correct the prefix index from the cached prompt tokens engines report per request "
+        "(usage.prompt_tokens_details.cached_tokens) (default: off)",
+    )
     route.add_argument("--hotspot-ratio", type=float, default=1.5)
     route.add_argument("--hotspot-slack-tokens", type=int, default=2048)
     route.add_argument("--hotspot-slack-requests", type=int, default=4)
@@ -250,6 +264,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         weights=parse_weights(args.weights),
         filters=parse_filters(args.filters),
         miss_penalty=args.miss_penalty,
+        prefix_feedback=args.prefix_feedback,
+        prefill_interference=args.prefill_interference,
     )
     return ServerOptions(
         host=args.host,

@@ -67,6 +67,22 @@ DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated")
 # p90 0.142 -> 0.156 s, p99 0.190 -> 0.182 s, tokens/s within 2% on both; at 1.0 multi_turn's p99 rose to
 # 0.256 s, at 3.0 its p90 to 0.209 s (one replica took the shared system prompt's whole traffic).
 DEFAULT_MISS_PENALTY = 0.5
+# Issue 14, zipf_tenants (held out) closed loop, diagnosed with per-engine logs (one 14 s run, 2026-12-03): the
+# prefix index was right (of 178 requests it sent to a replica predicted to hold >= half the prompt, 7 found less than a tenth
+# there), 5% of requests left a holder for a cold replica, and sglang-router's edge was a few points of engine
+# hit rate (each of its hot tenants on one engine; ours on two, the copy kept warm). Tried, none a default (one
+# bench-router run each, zipf_tenants, 3 rounds, 12 s closed-loop windows, BENCH_VARIANTS; tok/s, TTFT p99):
+# - state.learn_cached_tokens (--prefix-feedback, the engines' reported cached tokens trim the index): 438 vs
+#   512 tok/s without it (rounds 360-499 vs 455-575; sglang-router 551), closed-loop hit rate 0.629 vs 0.634:
+#   nothing to correct here;
+# - a "consolidate" scorer packing a prefix onto its busiest holder within the HotSpotGuard (weight 0.25):
+#   539 vs 590 tok/s, hit rate 0.630 vs 0.636 (removed);
+# - prefill interference (--prefill-interference, plugins/outstanding_tokens.expected_load): zipf_tenants 584
+#   vs 590 tok/s and TTFT p99 1.07 vs 1.34 s (every round 1.06-1.09 s; sglang-router 2.39 s, round robin 1.49 s),
+#   closed-loop hit rate 0.663 vs 0.636 (sglang-router 0.670). On the tuning workloads (one run, 3 rounds) it
+#   won multi_turn (p99 0.204 -> 0.174 s, 1,379 -> 1,455 tok/s, imbalance 2.8 -> 1.4) but raised p99 on
+#   shared_prefix_70 (0.469 -> 0.542 s) and shared_prefix_95 (0.552 -> 0.715 s) and cost no_sharing 6% of its
+#   tokens/s (774 -> 724), so by the rule above it stays off.
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,
@@ -88,6 +104,7 @@ class Pipeline:
         guard: HotSpotGuard | None = None,
         saturation: SaturationLimits | None = None,
         miss_penalty: float = DEFAULT_MISS_PENALTY,
+        prefill_interference: bool = False,
     ) -> Pipeline:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         scorers: list[tuple[Scorer, float]] = []
@@ -98,7 +115,7 @@ class Pipeline:
                 continue
             options: dict[str, Any] = {"guard": guard} if name == "prefixCache" and guard else {}
             if name == "outstandingTokens":
-                options = {"miss_penalty": miss_penalty}
+                options = {"miss_penalty": miss_penalty, "prefill_interference": prefill_interference}
             scorers.append((Scorer.build(name, **options), float(weight)))  # type: ignore[arg-type]
         filter_options: dict[str, dict[str, Any]] = {"notSaturated": {"limits": saturation}}
         built = [Filter.build(name, **filter_options.get(name, {})) for name in filters]

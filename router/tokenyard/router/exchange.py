@@ -185,7 +185,9 @@ class RoutedRequest:
 
     def _read_usage(self, events: list[ResponseEvent]) -> None:
         """The engine's usage (once per answer): its count of the prompt's tokens teaches the router how many
-        bytes make a token for this model (learned_sizes); its count of output tokens is kept for the end.
+        bytes make a token for this model (learned_sizes); its count of output tokens is kept for the end; its
+        count of cached prompt tokens (vLLM with --enable-prompt-tokens-details, SGLang with
+        --enable-cache-report) corrects the prefix index (RouterState.learn_cached_tokens).
         Found by a byte search first: usage comes once, in the last event of a stream, and decoding every
         event to look for it would cost the relay."""
         for event in events:
@@ -202,6 +204,10 @@ class RoutedRequest:
                 self.forwarder.state.learn_prompt_tokens(self.request.model, prompt_bytes, prompt_tokens)
             if _is_count(output_tokens):
                 self.usage_output_tokens = output_tokens
+            details = usage.get("prompt_tokens_details") if usage else None
+            cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
+            if _is_count(cached_tokens) and self.route is not None:
+                self.forwarder.state.learn_cached_tokens(self.route, cached_tokens)
             return
 
     # --- leaving: release and record ---------------------------------------------------------------------

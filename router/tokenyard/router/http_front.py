@@ -3,6 +3,8 @@ chunk, /v1/models, /health; errors as OpenAI-style JSON bodies."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -32,6 +34,15 @@ def error_body(status: int, message: str, kind: str | None = None) -> dict:
 
 def error_response(status: int, message: str, kind: str | None = None, headers: dict[str, str] | None = None):
     return web.json_response(error_body(status, message, kind), status=status, headers=headers)
+
+
+class ClientGone(ConnectionResetError):
+    """The client hung up while its answer streamed (a ConnectionResetError, so the exchange records the
+    ending as client gone); carries the response already started for it."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("the client closed the connection mid-answer")
+        self.response = response
 
 
 class HttpFront:
@@ -118,6 +129,11 @@ class HttpFront:
         except RoutingError as error:
             retry = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s else None
             return error_response(error.status, error.message, headers=retry)
+        except ClientGone as gone:
+            # The exchange has recorded the ending (client gone) and released the load. Returned, the started
+            # response lets aiohttp close the connection quietly; raised, it would log a traceback per client
+            # that hangs up mid-answer.
+            return gone.response
 
     async def _relay(self, request: web.Request, exchange: Exchange) -> web.StreamResponse:
         upstream = exchange.response
@@ -145,9 +161,19 @@ class HttpFront:
         await response.prepare(request)
         try:
             async for chunk, _ in exchange.stream():
-                await response.write(chunk)
-        except StreamBroken:
-            return response  # the status line is sent: the client sees the stream end early
+                try:
+                    await response.write(chunk)
+                except ConnectionResetError as error:
+                    raise ClientGone(response) from error
+        except StreamBroken as error:
+            # The status line is sent, so the stream itself must say it broke: an error event (as vLLM sends
+            # when generation fails mid-stream; OpenAI's clients raise on an event that carries "error") and no
+            # `data: [DONE]`. Ended without it, the response reads as a whole answer to most clients. The blank
+            # line first closes an event the broken read may have left half-relayed.
+            event = json.dumps(error_body(UPSTREAM_BROKEN, str(error))).encode()
+            with contextlib.suppress(ConnectionResetError):  # the client may be gone as well
+                await response.write(b"\n\ndata: " + event + b"\n\n")
+            return response
         await response.write_eof()
         return response
 

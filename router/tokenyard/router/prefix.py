@@ -125,14 +125,8 @@ class ReplicaPrefixCache:
             self._last_used.popitem(last=False)
 
     def expire(self, now: float) -> None:
-        if self.max_age_s is None:
-            return
-        horizon = now - self.max_age_s
-        while self._last_used:
-            oldest_hash, used_at = next(iter(self._last_used.items()))
-            if used_at >= horizon:
-                break
-            del self._last_used[oldest_hash]
+        if self.max_age_s is not None:  # a block exactly max_age_s old stays
+            self.forget_used_until(math.nextafter(now - self.max_age_s, -math.inf))
 
     def match_blocks(self, hashes: Sequence[int], now: float) -> int:
         """How many leading blocks of the prompt this replica still holds (a chain breaks at the first miss,
@@ -166,6 +160,29 @@ class ReplicaPrefixCache:
     def contains(self, block_hash: int) -> bool:
         return block_hash in self._last_used
 
+    def last_used(self, hashes: Sequence[int]) -> tuple[float, ...]:
+        """When each of these blocks was last sent here, for as long as the chain is held (read before a new
+        insert touches them: see RouterState.learn_cached_tokens)."""
+        times: list[float] = []
+        for block_hash in hashes:
+            used_at = self._last_used.get(block_hash)
+            if used_at is None:
+                break
+            times.append(used_at)
+        return tuple(times)
+
+    def forget_used_until(self, horizon: float) -> int:
+        """Drop every block last sent here at or before ``horizon``; returns how many went. The LRU is in the
+        order blocks were last used, so they are the oldest ones."""
+        dropped = 0
+        while self._last_used:
+            oldest_hash, used_at = next(iter(self._last_used.items()))
+            if used_at > horizon:
+                break
+            del self._last_used[oldest_hash]
+            dropped += 1
+        return dropped
+
 
 class PrefixIndex:
     """Per-replica prefix caches, keyed by replica name."""
@@ -196,6 +213,14 @@ class PrefixIndex:
     def insert(self, name: str, hashes: Sequence[int], now: float, private_blocks: int = 0) -> None:
         if hashes or private_blocks:
             self.replica(name).insert(hashes, now, private_blocks)
+
+    def last_used(self, name: str, hashes: Sequence[int]) -> tuple[float, ...]:
+        cache = self._replicas.get(name)
+        return () if cache is None else cache.last_used(hashes)
+
+    def forget_used_until(self, name: str, horizon: float) -> int:
+        cache = self._replicas.get(name)
+        return 0 if cache is None else cache.forget_used_until(horizon)
 
     def forget(self, name: str) -> None:
         self._replicas.pop(name, None)

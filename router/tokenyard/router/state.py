@@ -50,6 +50,12 @@ MIN_ROUTING_BLOCK_TOKENS = 8
 
 DEFAULT_CAPACITY_TOKENS = DEFAULT_CAPACITY_BLOCKS * DEFAULT_BLOCK_SIZE  # until a replica reports its own
 
+# An engine's report and the router's prediction differ a little even when the index is right: the engine
+# matches whole blocks of its own size, the router counts its own blocks (character blocks whose size in tokens
+# is an estimate without a tokenizer). A shortfall within these is not taken as an eviction.
+FEEDBACK_TOLERANCE_BLOCKS = 2
+FEEDBACK_TOLERANCE_SHARE = 0.1
+
 
 def routing_block_size(engine_block: int | None) -> int:
     """Tokens per block of the prefix index for an engine whose KV block (page) holds ``engine_block``
@@ -88,6 +94,9 @@ class RouterSettings:
     weights: Mapping[str, float] | None = None  # None = core.DEFAULT_WEIGHTS; a ModelView's weights win
     retry_after_s: int = 1
     miss_penalty: float = DEFAULT_MISS_PENALTY  # see plugins.outstanding_tokens.expected_load
+    prefill_interference: bool = False  # likewise
+    # Correct the prefix index from the cached tokens engines report per request (learn_cached_tokens).
+    prefix_feedback: bool = False
 
 
 @dataclass
@@ -100,6 +109,10 @@ class Route:
     prefix_match_tokens: int
     shadow: bool = False
     namespace: str = ""  # the ModelDeployment's namespace; '' for static backends
+    # When each block of the predicted match was last sent to the replica before this request (head first),
+    # and how many tokens one block stands for: what learn_cached_tokens compares the engine's report with.
+    match_last_used: tuple[float, ...] = ()
+    tokens_per_block: float = 0.0
 
     @property
     def revision(self) -> str:
@@ -134,6 +147,7 @@ class RouterState:
         # inserts to publish to peers: replica, prompt block hashes, private blocks
         self.prefix_outbox: list[tuple[str, tuple[int, ...], int]] = []
         self.publish_prefixes = False
+        self.prefix_corrections = 0  # times an engine's cached-token report corrected the index
         self._pipelines: dict[tuple[tuple[str, float], ...] | None, Pipeline] = {}
 
     # --- views -----------------------------------------------------------------------------------------
@@ -190,6 +204,31 @@ class RouterState:
         """An engine counted ``prompt_tokens`` for a prompt of ``prompt_bytes`` bytes (its answer's usage)."""
         self.ratio_for(model).observe(prompt_bytes, prompt_tokens)
 
+    def learn_cached_tokens(self, route: Route, cached_tokens: int) -> int:
+        """The engine reports that ``cached_tokens`` of the routed prompt were in its prefix cache (vLLM's and
+        SGLang's ``usage.prompt_tokens_details.cached_tokens``). Returns how many blocks the index dropped.
+
+        Far fewer than the index predicted means the engine evicted the first block it lacked, and an LRU
+        cache evicts its least recently used blocks first: everything the index last sent there no later
+        than that block is gone too. Left in, those entries draw requests to a replica that then prefills
+        them in full, while the router counts them as cheap. The blocks of this request itself were sent
+        again just now and stay (the engine has just computed them).
+
+        What engines send: vLLM 0.13 adds ``prompt_tokens_details`` only with --enable-prompt-tokens-details
+        and only when some tokens were cached (entrypoints/openai/serving_completion.py: ``if
+        self.enable_prompt_tokens_details and num_cached_tokens``), so a total miss reaches the router as no
+        report at all and only a partial hit corrects the index; tokenyard.sim always reports, 0 included."""
+        if not self.settings.prefix_feedback or route.tokens_per_block <= 0:
+            return 0
+        predicted_blocks = len(route.match_last_used)
+        engine_blocks = math.floor(max(0, cached_tokens) / route.tokens_per_block)
+        tolerance = FEEDBACK_TOLERANCE_BLOCKS + FEEDBACK_TOLERANCE_SHARE * predicted_blocks
+        if predicted_blocks - engine_blocks <= tolerance:
+            return 0
+        dropped = self.index.forget_used_until(route.endpoint.name, route.match_last_used[engine_blocks])
+        self.prefix_corrections += 1
+        return dropped
+
     def forget_signals(self, replica: str) -> None:
         """The replica's /metrics could not be read: its scraped signals are unknown from now on, exactly as
         if they were stale; the cache geometry it reported before (block size, capacity) still holds."""
@@ -234,6 +273,7 @@ class RouterState:
                 self.settings.guard,
                 self.settings.saturation,
                 self.settings.miss_penalty,
+                self.settings.prefill_interference,
             )
             self._pipelines[key] = pipeline
         return pipeline
@@ -322,10 +362,23 @@ class RouterState:
         hashes, private = chosen_blocks.hashes, private_of(chosen_blocks)
         kv = KvHold(tuple(hashes), private, chosen_blocks.tokens_per_block)
         ticket = self.ledger.open(chosen.name, max(0, request.prompt_tokens - match), expected_output, kv)
+        # read before the insert below touches them
+        match_last_used = self.index.last_used(chosen.name, hashes) if self.settings.prefix_feedback else ()
         self.index.insert(chosen.name, hashes, now, private)
         if self.publish_prefixes and (hashes or private):
             self.prefix_outbox.append((chosen.name, hashes, private))
-        return Route(model, endpoint, ticket, decision, request.prompt_tokens, match, shadow, view.namespace)
+        return Route(
+            model,
+            endpoint,
+            ticket,
+            decision,
+            request.prompt_tokens,
+            match,
+            shadow,
+            view.namespace,
+            match_last_used,
+            chosen_blocks.tokens_per_block,
+        )
 
     def shadow_wanted(self, model: str) -> bool:
         view = self.models.get(model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import aiohttp
 import grpc
@@ -39,6 +40,7 @@ class HttpStream:
             "ignore_eos": True,
         }
         self.response: aiohttp.ClientResponse | None = None
+        self.rest = b""  # what finish() read
 
     async def start(self) -> None:
         """Sends the request and reads the first piece of the answer."""
@@ -50,11 +52,10 @@ class HttpStream:
     async def finish(self) -> bool:
         """Reads to the end; whether the whole answer came (the stream ended with [DONE])."""
         assert self.response is not None
-        rest = b""
         with contextlib.suppress(aiohttp.ClientPayloadError):
             async for chunk in self.response.content.iter_any():
-                rest += chunk
-        return rest.rstrip().endswith(b"data: [DONE]")
+                self.rest += chunk
+        return self.rest.rstrip().endswith(b"data: [DONE]")
 
     async def cancel(self) -> None:
         assert self.response is not None
@@ -147,6 +148,9 @@ async def test_a_broken_upstream_stream_is_counted_and_released(front, engines, 
             async with http.post(fleet[0].url + "/v1/completions", json={"model": MODEL, "prompt": "x"}):
                 pass
         assert not await stream.finish()  # the client never gets the whole answer
+        if front == "http":  # and the stream says so: it cannot end like a whole answer
+            last_event = stream.rest.strip().split(b"\n\n")[-1]
+            assert last_event.startswith(b"data: ") and json.loads(last_event[6:])["error"]["code"] == 502
     await wait_for(lambda: server.state.ledger.open_tickets() == 0, 5, "the ticket to close")
     assert await metric(http, server, "tokenyard_router_errors_total", model=MODEL, code="502") == 1
     assert await metric(http, server, "tokenyard_router_requests_total", model=MODEL, code="502") == 1

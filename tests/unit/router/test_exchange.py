@@ -731,3 +731,75 @@ async def test_a_whole_answer_teaches_its_length_only_through_its_usage(engines,
         await exchange.read()
     lengths = r.state.output_length_for(MODEL)
     assert (lengths.observations, lengths.total_tokens) == ((1, 5) if usage else (0, 0))
+
+
+async def test_the_cached_tokens_an_engine_reports_correct_the_prefix_index(engines, router):
+    """vLLM's (and SGLang's) usage.prompt_tokens_details.cached_tokens: a replica that had none of a prefix
+    the index believed it held has evicted it, and with it whatever the index last sent there before it."""
+    (engine,) = await engines(FakeEngine())
+    r = router([Endpoint("e0", engine.url)])
+    r.state.settings.prefix_feedback = True
+    older, prompt = "an older prompt nobody asks again " * 8, PROMPT * 4  # 4 and 10 blocks of 64 characters
+    for text in (older, prompt):
+        r.state.ledger.close(r.state.route(MODEL, text, 8, now=r.clock()).ticket)
+        r.clock.now += 1
+    usage = {
+        "prompt_tokens": 170,
+        "completion_tokens": 1,
+        "total_tokens": 171,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    request = completion(prompt=prompt, stream_options={"include_usage": True})
+    async with r.forwarder.exchange(request) as exchange:
+        assert exchange.route is not None and exchange.route.prefix_match_tokens >= 160  # predicted a hit
+        engine.send(
+            event("x"), b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n", END
+        )
+        async for _ in exchange.stream():
+            pass
+    assert r.state.prefix_corrections == 1
+    # The older prompt went with the evicted prefix; the prompt just served is held again.
+    assert r.state.route(MODEL, older, 8, now=r.clock()).prefix_match_tokens == 0
+    assert r.state.route(MODEL, prompt, 8, now=r.clock()).prefix_match_tokens >= 160
+
+
+# --- the HTTP front over an exchange ------------------------------------------------------------------------
+
+
+async def test_a_client_that_hangs_up_mid_stream_on_the_http_front_is_recorded_quietly(
+    engines, router, caplog
+):
+    """Through HttpFront: the router's write to the gone client fails; the exchange records it (499, ledger
+    released) and the handler returns, so aiohttp logs no 'Error handling request' traceback per hang-up."""
+    from tokenyard.router.http_front import HttpFront
+
+    (engine,) = await engines(FakeEngine())
+    r = router([Endpoint("e0", engine.url)])
+    runner = web.AppRunner(HttpFront(r.state, r.forwarder).app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "stream": True}).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        engine.send(event("Once"))
+        assert b"Once" in await asyncio.wait_for(reader.readuntil(b"Once"), 5)
+        writer.close()
+        await writer.wait_closed()
+        while r.state.ledger.open_tickets():  # the engine keeps streaming until the router's write fails
+            engine.send(event(" more"))
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(engine.aborted.wait(), 5)
+        assert r.answered("e0", 499) == (1, 1)
+        r.assert_idle()
+        assert not [
+            rec for rec in caplog.records if rec.name == "aiohttp.server" and rec.levelname == "ERROR"
+        ]
+    finally:
+        await runner.cleanup()

@@ -159,6 +159,23 @@ def test_a_miss_penalty_makes_a_cold_replica_pay_for_the_prefixes_it_would_push_
     assert built.scorers[0][0].miss_penalty == 0.5
 
 
+def test_prefill_interference_sends_a_miss_where_fewer_running_requests_would_wait_for_it():
+    # Neither replica holds the prompt; busy owes fewer tokens (its 12 requests are decoding cached prompts)
+    # but its 12 requests would all wait on this prefill, idle's 2 only.
+    candidates = [
+        snap("busy", outstanding_tokens=300, outstanding_requests=12),
+        snap("idle", outstanding_tokens=1_500, outstanding_requests=2),
+    ]
+    req = request(prompt_tokens=1_000)
+    assert OutstandingTokensScorer(miss_penalty=0.5).raw(req, candidates) == [1_800.0, 3_000.0]
+    interfering = OutstandingTokensScorer(miss_penalty=0.5, prefill_interference=True)
+    assert interfering.raw(req, candidates) == [300 + 1_000 * 13.5, 1_500 + 1_000 * 3.5]
+    # A cached prompt holds nobody back: where it is cached, only the load counts.
+    assert interfering.raw(request(prompt_tokens=1_000, matches={"busy": 1_000}), candidates)[0] == 300.0
+    built = Pipeline.from_config({"outstandingTokens": 1.0}, prefill_interference=True)
+    assert built.scorers[0][0].prefill_interference
+
+
 def test_kv_fits_keeps_the_replicas_where_the_request_fits_beside_what_is_in_flight():
     replicas = [
         snap("full", kv_held_tokens=30_000, kv_capacity_tokens=32_768),

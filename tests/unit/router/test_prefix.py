@@ -162,3 +162,14 @@ def test_common_prefix_blocks_are_shared(a, b):
         common += 1
     full_common_blocks = common // 64
     assert ha.hashes[:full_common_blocks] == hb.hashes[:full_common_blocks]
+
+
+def test_last_used_follows_the_held_chain_and_forget_used_until_drops_the_oldest():
+    cache = ReplicaPrefixCache(capacity_blocks=10)
+    cache.insert([1, 2], now=0)
+    cache.insert([3], now=1)
+    cache.insert([1, 4], now=2)
+    assert cache.last_used([1, 2, 9, 3]) == (2, 0)  # the chain breaks at the first block not held
+    assert cache.forget_used_until(1) == 2  # blocks 2 and 3, the least recently sent
+    assert cache.match_blocks([1, 4], now=3) == 2 and cache.match_blocks([3], now=3) == 0
+    assert cache.forget_used_until(-1) == 0

@@ -180,3 +180,41 @@ def test_cli_arguments():
     with pytest.raises(SystemExit) as bad:
         parser.parse_args(["--port", "x"])
     assert bad.value.code == 2
+
+
+def test_an_engine_report_close_to_the_prediction_corrects_nothing_a_shortfall_drops_the_older_blocks():
+    state = state_with([Endpoint("a", "http://a")])
+    state.settings.prefix_feedback = True
+    other = "another tenant's system prompt " * 40
+    for now, text in enumerate((other, PROMPT)):
+        state.ledger.close(state.route("m", text, 1, now=now).ticket)
+    again = state.route("m", PROMPT + "again", 1, now=5)
+    assert again.prefix_match_tokens > 400 and again.tokens_per_block == 16  # 64 characters at 4 per token
+    # The engine matches its own blocks: a report one block short is not an eviction.
+    assert state.learn_cached_tokens(again, again.prefix_match_tokens - 16) == 0
+    assert state.prefix_corrections == 0
+    # Half of it: the engine lost PROMPT's tail, and so everything sent there no later (the other tenant).
+    dropped = state.learn_cached_tokens(again, again.prefix_match_tokens // 2)
+    assert dropped >= len(other) // 64 and state.prefix_corrections == 1
+    assert state.route("m", other, 1, now=6).prefix_match_tokens == 0
+    assert state.route("m", PROMPT, 1, now=6).prefix_match_tokens > 400  # sent again at 5: still held
+
+
+def test_without_prefix_feedback_engine_reports_leave_the_index_alone():
+    state = state_with([Endpoint("a", "http://a")])
+    state.ledger.close(state.route("m", PROMPT, 1, now=0).ticket)
+    again = state.route("m", PROMPT, 1, now=1)
+    assert state.learn_cached_tokens(again, 0) == 0 and state.prefix_corrections == 0
+    assert state.route("m", PROMPT, 1, now=2).prefix_match_tokens > 400
+
+
+def test_cli_switches_for_prefix_feedback_and_prefill_interference():
+    parser = build_parser()
+    plain = options_from_args(parser.parse_args(["--backend", "a=http://127.0.0.1:1"]))
+    assert not plain.settings.prefix_feedback and not plain.settings.prefill_interference
+    both = options_from_args(
+        parser.parse_args(
+            ["--backend", "a=http://127.0.0.1:1", "--prefix-feedback", "--prefill-interference"]
+        )
+    )
+    assert both.settings.prefix_feedback and both.settings.prefill_interference

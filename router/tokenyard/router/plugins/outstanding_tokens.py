@@ -7,22 +7,40 @@ from collections.abc import Sequence
 from tokenyard.router.framework import ReplicaSnapshot, RoutingRequest, Scorer
 
 
-def expected_load(request: RoutingRequest, replica: ReplicaSnapshot, miss_penalty: float = 0.0) -> float:
+def expected_load(
+    request: RoutingRequest,
+    replica: ReplicaSnapshot,
+    miss_penalty: float = 0.0,
+    prefill_interference: bool = False,
+) -> float:
     """Outstanding tokens on the replica if this request went there: what it already owes plus the part of
     this prompt it would have to prefill (its cached prefix excluded). Both are tokens, so locality and load
     meet in one unit; the request's decode tokens are the same everywhere and left out.
 
     ``miss_penalty``: each uncached token counts 1 + miss_penalty times. A miss costs more than its own prefill:
-    the prompt then takes KV blocks on that replica and pushes older prefixes out, which later requests miss."""
+    the prompt then takes KV blocks on that replica and pushes older prefixes out, which later requests miss.
+
+    ``prefill_interference``: each uncached token also counts once per request in flight on the replica. An
+    engine's step carries its prefill chunks and its running requests' next tokens together, so a prompt's
+    prefill holds back every request running there for as long as it takes: placed beside n running requests,
+    a miss costs them n times its prefill time in all (a request in flight is one more that waits). Off by
+    default: it steadied zipf_tenants' tail but raised TTFT p99 on two tuning workloads (core.py, issue 14)."""
     uncached = max(0, request.prompt_tokens - request.prefix_match_tokens.get(replica.name, 0))
-    return replica.outstanding_tokens + uncached * (1.0 + miss_penalty)
+    per_token = 1.0 + miss_penalty
+    if prefill_interference:
+        per_token += replica.outstanding_requests
+    return replica.outstanding_tokens + uncached * per_token
 
 
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     higher_is_better = False
 
-    def __init__(self, miss_penalty: float = 0.0) -> None:
+    def __init__(self, miss_penalty: float = 0.0, prefill_interference: bool = False) -> None:
         self.miss_penalty = miss_penalty
+        self.prefill_interference = prefill_interference
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
-        return [expected_load(request, replica, self.miss_penalty) for replica in candidates]
+        return [
+            expected_load(request, replica, self.miss_penalty, self.prefill_interference)
+            for replica in candidates
+        ]
