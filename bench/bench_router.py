@@ -102,7 +102,10 @@ TIME_SCALE = float(os.environ.get("BENCH_TIME_SCALE", "10.0"))  # served seconds
 KV_BLOCKS = int(os.environ.get("BENCH_KV_BLOCKS", "2048"))  # per engine (16 tokens each)
 RUN_SECONDS = float(os.environ.get("BENCH_RUN_SECONDS", "15" if QUICK else "45"))  # open loop, all rounds
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
-CLOSED_SECONDS = float(os.environ.get("BENCH_CLOSED_SECONDS", "10" if QUICK else "20"))
+# Closed-loop windows of 12 s per round: at ~6.7 s (20 s over 3 rounds, until 2026-12-03) a round's tokens/s
+# swung more than the policies differ (zipf_tenants: tokenyard 541/357/459 against sglang-router's 535/685/573
+# in one run; with 12 s windows a rerun gave 590 against 589), so the full run's 24% gap was mostly noise.
+CLOSED_SECONDS = float(os.environ.get("BENCH_CLOSED_SECONDS", "12" if QUICK else "36"))
 # Before the closed loop's window opens, in every round: the clients start together and need a few request
 # lifetimes (~2 s each at full load) to reach a steady state.
 CLOSED_WARMUP_SECONDS = float(os.environ.get("BENCH_CLOSED_WARMUP_SECONDS", "5" if QUICK else "7"))
