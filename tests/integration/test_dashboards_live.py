@@ -23,6 +23,7 @@ import pytest
 from kubernetes import client
 from tokenyard.core import labels
 from tokenyard.devcluster import prometheus
+from tokenyard.devcluster.cluster import DevCluster
 from tokenyard.devcluster.load import LoadGenerator, RateCycle
 from tokenyard.devcluster.stack import Stack, demo_deployment, merged
 
@@ -66,8 +67,23 @@ def _label_values(url: str, selector: str | None, label: str, start: float, end:
 
 
 @pytest.fixture(scope="module")
-def live(devcluster, tmp_path_factory):
+def own_cluster(tmp_path_factory):
+    """A control plane of this module's own: the stack's cluster-wide components (a cluster-scoped operator,
+    the autoscaler, the sim pod runner, kwok stages it leaves behind) and the ModelDeployments it leaves with
+    their finalizers would otherwise share the session's cluster with later tests (a later operator's groups
+    were seen stuck at "2 of 3 ready" with the pods Ready, after this module ran in the same cluster)."""
+    cluster = DevCluster(tmp_path_factory.mktemp("dashboards-cluster"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def live(own_cluster, tmp_path_factory):
     """The stack after one load cycle and the events; yields what the tests read."""
+    devcluster = own_cluster
     namespace = f"dash-{uuid.uuid4().hex[:6]}"
     stack = Stack(
         devcluster, tmp_path_factory.mktemp("dashboards-live"), namespace=namespace, operator_env=OPERATOR_ENV

@@ -31,8 +31,12 @@ def _groups_ready(custom, core, namespace, count):
         )
         pods = _ready_pods(core, namespace)
         ready = [g for g in status.get("groups", []) if g["phase"] == "Ready"]
-        return (
-            pods if len(ready) == count and status.get("replicas") == count and len(pods) == count else None
+        if len(ready) == count and status.get("replicas") == count and len(pods) == count:
+            return pods
+        # raised, not returned: the timeout's message then says where it stood
+        raise AssertionError(
+            f"{len(ready)} Ready group(s) of {count}, {len(pods)} ready pod(s), conditions "
+            f"{[(c.get('type'), c.get('status'), c.get('message')) for c in status.get('conditions', [])]}"
         )
 
     return check

@@ -44,6 +44,9 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **self.env},
+                # Its own session: a Ctrl-C at the terminal reaches the parent only, which stops its children
+                # in the order it chooses (by pid), not all at once.
+                start_new_session=True,
             )
         return self
 

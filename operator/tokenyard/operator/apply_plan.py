@@ -43,7 +43,8 @@ async def apply_plan(
     for deletion in planned.deletions:
         group = deletion.group
         names = GroupNames(snapshot.name, snapshot.namespace, group.revision, group.index)
-        await runtime.writes.delete_group(names, group, drain=deletion.kind == REMOVED)
+        # Only a group that serves has streams to drain; a not-ready one goes at once and frees its GPUs.
+        await runtime.writes.delete_group(names, group, drain=deletion.kind == REMOVED and group.ready)
         if deletion.kind == RECREATED:
             runtime.metrics.groups_recreated.labels(*key).inc()
         events.emit(deletion.event)

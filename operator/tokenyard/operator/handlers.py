@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import aiohttp
 import kopf
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
@@ -79,7 +80,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     if RUNTIME.pools.enabled:
         try:  # say at start-up whether InferencePools will be published; each reconcile re-checks on a timer
             await RUNTIME.pools.served()
-        except (ApiException, OSError) as e:
+        except (ApiException, OSError, aiohttp.ClientError) as e:
             log.warning(
                 f"InferencePool API discovery failed at start-up ({e}); the first reconcile asks again"
             )

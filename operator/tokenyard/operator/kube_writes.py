@@ -113,6 +113,7 @@ class InferencePools:
         self._served: bool | None = None  # the last answer of discovery; None: not asked yet
         self._checked_at = 0.0
         self._forbidden_said = False
+        self._refused_said: dict[tuple[str, str], str] = {}  # deployment -> the refusal last logged
         if not enabled:
             log.info("InferencePool publishing is off (TOKENYARD_INFERENCE_POOL=off)")
 
@@ -160,7 +161,17 @@ class InferencePools:
                 self._checked_at = float("-inf")  # ask discovery again on the next pass
                 return
             if e.status != 403:
-                raise
+                # A pool refused (an admission webhook's 422, a conflict, a 5xx) is the gateway's side: said once
+                # per deployment and error, retried on the next pass, never counted as a failed reconcile (the
+                # groups and the status were written before).
+                said = f"HTTP {e.status} {e.reason}"
+                if self._refused_said.get(meta.key) != said:
+                    self._refused_said[meta.key] = said
+                    log.warning(
+                        f"cannot publish InferencePool {meta.namespace}/{meta.name}: {said}: "
+                        f"{str(e.body)[:300]}; retrying on each pass"
+                    )
+                return
             if "being terminated" in str(e.body):  # the namespace goes, and the pool with it
                 return
             if not self._forbidden_said:
@@ -172,6 +183,7 @@ class InferencePools:
                 )
             return
         self._forbidden_said = False
+        self._refused_said.pop(meta.key, None)
         what = "created" if existing is None else f"updated ({', '.join(drift)})"
         log.info(f"InferencePool {meta.namespace}/{meta.name} {what}")
 

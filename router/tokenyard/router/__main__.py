@@ -211,6 +211,8 @@ def parse_filters(text: str | None) -> tuple[str, ...]:
     if text is None:
         return DEFAULT_FILTERS
     names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:  # no filter at all would route to unhealthy and ejected replicas: surely not meant
+        raise ConfigError("--filters: no filter named; the default is " + ",".join(DEFAULT_FILTERS))
     unknown = [name for name in names if name not in Filter.registry]
     if unknown:
         known = ", ".join(sorted(Filter.registry))

@@ -15,7 +15,6 @@ the HTTP front's ``Exchange``). The gateway must run its ext_proc filter with re
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 
@@ -86,14 +85,18 @@ class GatewayExchange(RoutedRequest):
             self._record_rejection(error)
             forwarder.request_ended()
             raise
-        by_name = {endpoint.name: endpoint for endpoint in view.endpoints} if view else {}
-        chosen = self.route.endpoint
-        self.endpoints = [chosen] + [
-            by_name[name]
-            for name in wire.ranked_fallbacks(self.route.decision.scores, chosen.name, fallbacks)
-            if name in by_name
-        ]
-        forwarder.maybe_shadow(self)
+        try:  # the ticket is open and the request counted: whatever fails from here releases both
+            by_name = {endpoint.name: endpoint for endpoint in view.endpoints} if view else {}
+            chosen = self.route.endpoint
+            self.endpoints = [chosen] + [
+                by_name[name]
+                for name in wire.ranked_fallbacks(self.route.decision.scores, chosen.name, fallbacks)
+                if name in by_name
+            ]
+            forwarder.maybe_shadow(self)
+        except BaseException as error:
+            self.settle(error)
+            raise
 
     def served_by(self, address: str | None) -> None:
         """The gateway's report of the endpoint that served (None: none did). The ones before it in the list
@@ -112,8 +115,7 @@ class GatewayExchange(RoutedRequest):
         for endpoint in self.endpoints[:failed]:
             self.forwarder.replica_failed(endpoint.name, f"the gateway could not reach {endpoint.url}")
         served = self.endpoints[failed]
-        ticket = self.forwarder.state.ledger.move(self.route.ticket, served.name)
-        self.route = dataclasses.replace(self.route, endpoint=served, ticket=ticket)
+        self.route = self.forwarder.state.served_elsewhere(self.route, served, self.forwarder.clock())
 
     def response_chunk(self, chunk: bytes) -> None:
         """One piece of the replica's answer as the gateway passes it. A stream that does not decode is

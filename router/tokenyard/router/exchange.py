@@ -322,7 +322,11 @@ class Exchange(RoutedRequest):
                 forwarder.request_ended()
             raise
         if not self.shadow:
-            forwarder.maybe_shadow(self)
+            try:
+                forwarder.maybe_shadow(self)
+            except BaseException as error:  # connected, ticket open: __aexit__ will not run, so release here
+                self.settle(error)
+                raise
         return self
 
     async def _connect(self) -> None:

@@ -8,6 +8,7 @@ from the caller.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Iterable, Mapping
@@ -379,6 +380,18 @@ class RouterState:
             match_last_used,
             chosen_blocks.tokens_per_block,
         )
+
+    def served_elsewhere(self, route: Route, endpoint: Endpoint, now: float) -> Route:
+        """A gateway fell back from ``route``'s replica to ``endpoint``: the work is there, so the ticket (load
+        and KV held) moves, and the prompt's blocks are recorded in the prefix index (and for peers) as that
+        replica's, which computed them. The predicted match was the primary's: nothing to compare it with."""
+        ticket = self.ledger.move(route.ticket, endpoint.name)
+        kv = ticket.kv
+        if kv is not None:
+            self.index.insert(endpoint.name, kv.blocks, now, kv.private_blocks)
+            if self.publish_prefixes and (kv.blocks or kv.private_blocks):
+                self.prefix_outbox.append((endpoint.name, kv.blocks, kv.private_blocks))
+        return dataclasses.replace(route, endpoint=endpoint, ticket=ticket, match_last_used=())
 
     def shadow_wanted(self, model: str) -> bool:
         view = self.models.get(model)

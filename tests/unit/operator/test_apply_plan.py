@@ -147,14 +147,22 @@ async def test_a_healthy_group_removed_by_a_scale_down_drains_its_streams():
     view = cluster(rt)
     snap = snapshot(1)
     revision = planned_revision(snap)
-    ready = [
-        GroupView(i, revision, 1, (MemberView(f"llm-{i}-0", 0, f"n{i}", "Ready"),), (f"n{i}",), (f"n{i}",))
-        for i in range(2)
-    ]
-    planned = plan(snap, ready, view.nodes(NOW), None, NOW, 30)
+
+    def group(i, ready):  # on nodes outside the view: the placement planner then has no removal to weigh
+        member = MemberView(f"llm-{i}-0", 0, f"x{i}", "Running", ready=ready)
+        return GroupView(i, revision, 1, (member,), (f"x{i}",), (f"x{i}",))
+
+    planned = plan(snap, [group(0, True), group(1, True)], view.nodes(NOW), None, NOW, 30)
     await apply_plan(rt, snap, planned, view, events, None)
     assert [c[0] for c in writes.calls] == ["delete"] and writes.drained == [True]
     assert events.posted == [("GroupRemoved", False)]
+    # A group still loading serves nothing: removed first, at once, its GPUs freed without waiting.
+    writes = FakeWrites()
+    rt = runtime(writes)
+    view = cluster(rt)
+    planned = plan(snap, [group(0, True), group(1, False)], view.nodes(NOW), None, NOW, 30)
+    await apply_plan(rt, snap, planned, view, RecordedEvents(), None)
+    assert [c[1] for c in writes.calls] == [1] and writes.drained == [False]
 
 
 def planned_revision(snap):

@@ -112,6 +112,23 @@ def test_route_counts_the_kv_in_flight_and_sends_a_new_prefix_where_it_fits():
     assert state.ledger.kv_held_tokens("a") == state.ledger.kv_held_tokens("b") == 0
 
 
+def test_a_request_served_by_a_fallback_moves_its_ticket_and_its_prefix_there():
+    a, b = Endpoint("a", "http://a"), Endpoint("b", "http://b")
+    state = state_with([a, b])
+    route = state.route("m", PROMPT + "one", 50, now=0)
+    fallback = b if route.endpoint == a else a
+    moved = state.served_elsewhere(route, fallback, now=1)
+    assert moved.endpoint == fallback and route.ticket.closed and not moved.ticket.closed
+    assert (
+        state.ledger.load(route.endpoint.name).requests == 0
+        and state.ledger.load(fallback.name).requests == 1
+    )
+    # The fallback computed the prompt: the next request with that prefix finds it cached there.
+    state.ledger.close(moved.ticket)
+    again = state.route("m", PROMPT + "two", 50, now=2, exclude=[route.endpoint.name])
+    assert again.endpoint == fallback and again.prefix_match_tokens > 400
+
+
 def test_route_errors_name_the_problem():
     state = state_with([Endpoint("a", "http://a")])
     with pytest.raises(RoutingError) as unknown:
