@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
 import subprocess
 import time
@@ -31,8 +32,9 @@ CRD_DIR = ROOT / "charts" / "tokenyard" / "crds"
 EXAMPLE_DEPLOYMENT = ROOT / "examples" / "llama-8b-tp4.yaml"
 EXAMPLE_AUTOSCALER = ROOT / "examples" / "autoscaler.yaml"
 SYSTEM_NAMESPACE = "tokenyard-system"
-# The chart's default image: what these pods would run in a real cluster (kwok never pulls it).
-IMAGE = "ghcr.io/tokenyard/tokenyard:0.1.0"
+# The chart's default image: what these pods would run in a real cluster (kwok never pulls it). Its tag is the
+# package's version, which the chart's appVersion equals (tests/unit/test_image.py holds them together).
+IMAGE = f"ghcr.io/tokenyard/tokenyard:{importlib.metadata.version('tokenyard')}"
 
 # The example autoscaler decides on minutes (a 60 s window, one group removed per 2 minutes after 5 minutes of
 # calm), as a real fleet whose groups take minutes to load should. The simulator loads a model at once, so the

@@ -5,7 +5,8 @@ tokens when it is routed. The prefill part is released when the first token arri
 stream, and whatever remains when the request ends - on success, error, timeout or client disconnect alike
 (a counter that is only released on success drifts; see skypilot-org/skypilot#10444).
 
-The ledger also counts each replica's KV footprint in flight: the distinct prompt blocks its open tickets hold
+For tickets opened with a ``KvHold`` (the router gives one when the kvFits filter is configured), the ledger
+also counts each replica's KV footprint in flight: the distinct prompt blocks its open tickets hold
 (a prefix shared by several requests on one replica is held once, as the engine's paged cache holds it) plus
 each request's private blocks (the prompt's tail and its output). An engine admits a waiting request only when
 its blocks fit beside the running ones (vLLM's scheduler, SGLang's alike), so a request sent where its new

@@ -27,6 +27,7 @@ from tokenyard.router.discovery import Endpoint, ModelView
 from tokenyard.router.enginestats import EngineStats
 from tokenyard.router.framework import ReplicaSnapshot, RoutingDecision, RoutingRequest
 from tokenyard.router.learned_sizes import BytesPerToken, OutputLength
+from tokenyard.router.plugins.kv_fits import KvFitsFilter
 from tokenyard.router.plugins.not_saturated import SaturationLimits
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
 from tokenyard.router.plugins.revision import choose_revision
@@ -114,6 +115,9 @@ class Route:
     # and how many tokens one block stands for: what learn_cached_tokens compares the engine's report with.
     match_last_used: tuple[float, ...] = ()
     tokens_per_block: float = 0.0
+    # The prompt's blocks and its private ones, as indexed for the replica (a fallback that serves takes them).
+    blocks: tuple[int, ...] = ()
+    private_blocks: int = 0
 
     @property
     def revision(self) -> str:
@@ -320,6 +324,9 @@ class RouterState:
         blocks_by_size: dict[int, PromptBlocks] = {}
         matches: dict[str, int] = {}
         kv_new: dict[str, float] = {}
+        # The KV footprint in flight costs a pass over the prompt's blocks per replica and per ticket: only kept
+        # when a filter reads it (kvFits is not a default).
+        judge_kv = KvFitsFilter.name in self.settings.filters
 
         def private_of(blocks: PromptBlocks) -> int:
             return private_blocks(
@@ -339,9 +346,10 @@ class RouterState:
             self.index.set_capacity(snap.name, round(capacity_tokens / blocks.tokens_per_block))
             matched_blocks = self.index.match_blocks(snap.name, blocks.hashes, now)
             matches[snap.name] = min(blocks.prompt_tokens, round(matched_blocks * blocks.tokens_per_block))
-            kv_new[snap.name] = self.ledger.kv_new_tokens(
-                snap.name, blocks.hashes, private_of(blocks), blocks.tokens_per_block
-            )
+            if judge_kv:
+                kv_new[snap.name] = self.ledger.kv_new_tokens(
+                    snap.name, blocks.hashes, private_of(blocks), blocks.tokens_per_block
+                )
         any_blocks = next(iter(blocks_by_size.values()))
         request.prompt_tokens = any_blocks.prompt_tokens
         request.prefix_match_tokens = matches
@@ -361,7 +369,7 @@ class RouterState:
         match = matches[chosen.name]
         chosen_blocks = blocks_by_size[chosen.block_size]
         hashes, private = chosen_blocks.hashes, private_of(chosen_blocks)
-        kv = KvHold(tuple(hashes), private, chosen_blocks.tokens_per_block)
+        kv = KvHold(tuple(hashes), private, chosen_blocks.tokens_per_block) if judge_kv else None
         ticket = self.ledger.open(chosen.name, max(0, request.prompt_tokens - match), expected_output, kv)
         # read before the insert below touches them
         match_last_used = self.index.last_used(chosen.name, hashes) if self.settings.prefix_feedback else ()
@@ -379,6 +387,8 @@ class RouterState:
             view.namespace,
             match_last_used,
             chosen_blocks.tokens_per_block,
+            hashes,
+            private,
         )
 
     def served_elsewhere(self, route: Route, endpoint: Endpoint, now: float) -> Route:
@@ -386,11 +396,9 @@ class RouterState:
         and KV held) moves, and the prompt's blocks are recorded in the prefix index (and for peers) as that
         replica's, which computed them. The predicted match was the primary's: nothing to compare it with."""
         ticket = self.ledger.move(route.ticket, endpoint.name)
-        kv = ticket.kv
-        if kv is not None:
-            self.index.insert(endpoint.name, kv.blocks, now, kv.private_blocks)
-            if self.publish_prefixes and (kv.blocks or kv.private_blocks):
-                self.prefix_outbox.append((endpoint.name, kv.blocks, kv.private_blocks))
+        self.index.insert(endpoint.name, route.blocks, now, route.private_blocks)
+        if self.publish_prefixes and (route.blocks or route.private_blocks):
+            self.prefix_outbox.append((endpoint.name, route.blocks, route.private_blocks))
         return dataclasses.replace(route, endpoint=endpoint, ticket=ticket, match_last_used=())
 
     def shadow_wanted(self, model: str) -> bool:

@@ -179,18 +179,21 @@ async def test_the_standin_and_the_http_front_pick_alike(engines, router, gatewa
     assert len(set().union(*picks.values())) > 1, picks  # load and locality spread the topics
 
 
+# A streamed answer long enough to be cut while it runs.
+LONG_STREAM = {
+    "model": MODEL,
+    "prompt": "a long answer please",
+    "max_tokens": 2000,
+    "stream": True,
+    "ignore_eos": True,
+}
+
+
 async def test_client_abort_releases_the_load(engines, router, gateway, http):
     fleet = await engines(1, time_scale=0.5)  # slow enough to be cut mid-stream
     server = await router(backends_of(fleet), epp_port=0)
     standin = await gateway(server)
-    body = {
-        "model": MODEL,
-        "prompt": "a long answer please",
-        "max_tokens": 2000,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    response = await http.post(standin.url + "/v1/completions", json=body)
+    response = await http.post(standin.url + "/v1/completions", json=LONG_STREAM)
     assert response.status == 200
     await response.content.readuntil(b"\n\n")  # the first event: the request is running
     load = server.state.ledger.load("e0")
@@ -302,14 +305,7 @@ async def test_an_engine_dying_mid_stream_releases_the_load(engines, router, gat
     (engine,) = await engines(1, time_scale=1.0, crash_after_requests=1)
     server = await router(backends_of([engine]), epp_port=0)
     standin = await gateway(server)
-    body = {
-        "model": MODEL,
-        "prompt": "a long answer please",
-        "max_tokens": 2000,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    response = await http.post(standin.url + "/v1/completions", json=body)
+    response = await http.post(standin.url + "/v1/completions", json=LONG_STREAM)
     assert response.status == 200
     await response.content.readuntil(b"\n\n")
     assert server.state.ledger.load("e0").requests == 1

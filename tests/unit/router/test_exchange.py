@@ -792,9 +792,13 @@ async def test_a_client_that_hangs_up_mid_stream_on_the_http_front_is_recorded_q
         assert b"Once" in await asyncio.wait_for(reader.readuntil(b"Once"), 5)
         writer.close()
         await writer.wait_closed()
-        while r.state.ledger.open_tickets():  # the engine keeps streaming until the router's write fails
-            engine.send(event(" more"))
-            await asyncio.sleep(0.01)
+
+        async def stream_until_the_router_gives_up():  # the engine streams on until the router's write fails
+            while r.state.ledger.open_tickets():
+                engine.send(event(" more"))
+                await asyncio.sleep(0.01)  # the engine's pace, not a wait for a condition
+
+        await asyncio.wait_for(stream_until_the_router_gives_up(), 5)
         await asyncio.wait_for(engine.aborted.wait(), 5)
         assert r.answered("e0", 499) == (1, 1)
         r.assert_idle()

@@ -83,6 +83,8 @@ def test_route_opens_a_ticket_indexes_the_prompt_and_follows_the_prefix():
     state = state_with([Endpoint("a", "http://a"), Endpoint("b", "http://b")])
     first = state.route("m", PROMPT + "one", 50, now=0)
     assert first.prefix_match_tokens == 0
+    # no filter reads the KV footprint by default: the ledger is not made to count it per block
+    assert first.ticket.kv is None and state.ledger.kv_held_tokens(first.endpoint.name) == 0
     assert state.ledger.load(first.endpoint.name).tokens == first.prompt_tokens + 50
     state.ledger.close(first.ticket)
     second = state.route("m", PROMPT + "two", 50, now=1)
