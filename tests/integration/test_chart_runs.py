@@ -69,7 +69,10 @@ ENGINE = {
     "engine": {"image": "vllm/vllm-openai:v0.13.0"},
     "parallelism": {"tensor": 1},
 }
-REFUSALS = ("Forbidden", "403", "Not enough permissions")
+# How an API server's refusal reads in the components' logs (the kubernetes client's "(403)\nReason: Forbidden",
+# Kopf's "... is forbidden: User ...", aiohttp's "403, message='Forbidden'"). "403" is matched only as a whole
+# number: a bare substring once matched the metrics port 36403 in a clean start-up line.
+REFUSAL = re.compile(r"Forbidden|forbidden|Not enough permissions|(?<![\w.,:])403(?![\w.])")
 
 
 # ------------------------------------------------------------------------------------- pod spec -> process
@@ -230,9 +233,9 @@ class PodProcess(ManagedProcess):
             pytest.fail(f"{self.argv} exited:\n{self.log()[-3000:]}")
         # timestamps dropped first: their milliseconds once read ",403" on a clean run
         messages = re.sub(r"^\[[^\]]*\]|^\S+ \S+ ", "", self.log(), flags=re.MULTILINE)
-        refusal = next((r for r in REFUSALS if r in messages), None)
+        refusal = REFUSAL.search(messages)
         if refusal:
-            pytest.fail(f"{self.argv} was refused ({refusal!r}):\n{self.log()[-3000:]}")
+            pytest.fail(f"{self.argv} was refused ({refusal.group()!r}):\n{self.log()[-3000:]}")
 
 
 def chart_pod(kubectl, namespace: str, release: str, component: str, chart_label: str | None = None) -> dict:
