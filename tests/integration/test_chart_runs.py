@@ -49,7 +49,7 @@ from tests.integration.conftest import (
     wait_for,
 )
 from tests.integration.router.conftest import RedisProcess, parse_metric
-from tests.integration.test_chart_install import CHART, helm, install
+from tests.integration.test_chart_install import CHART, REFUSAL, helm, install
 
 pytestmark = pytest.mark.integration
 helm_binary = chart_install.helm_binary  # the module fixture of the chart install tests, shared
@@ -69,10 +69,6 @@ ENGINE = {
     "engine": {"image": "vllm/vllm-openai:v0.13.0"},
     "parallelism": {"tensor": 1},
 }
-# How an API server's refusal reads in the components' logs (the kubernetes client's "(403)\nReason: Forbidden",
-# Kopf's "... is forbidden: User ...", aiohttp's "403, message='Forbidden'"). "403" is matched only as a whole
-# number: a bare substring once matched the metrics port 36403 in a clean start-up line.
-REFUSAL = re.compile(r"Forbidden|forbidden|Not enough permissions|(?<![\w.,:])403(?![\w.])")
 
 
 # ------------------------------------------------------------------------------------- pod spec -> process
