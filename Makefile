@@ -15,7 +15,7 @@ IMAGE_TAG ?= $(VERSION)
 CONTAINER_ENGINE ?=
 
 .PHONY: help install proto test test-unit test-integration lint demo cluster-up cluster-down \
-	cluster-status binaries bench bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout chaos chaos-serving crds \
+	cluster-status binaries bench bench-report bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout chaos chaos-serving crds \
 	image lint-dockerfile
 
 help:
@@ -24,7 +24,8 @@ help:
 	@echo "make lint          ruff, hadolint (Dockerfile)"
 	@echo "make image         build the container image with docker, podman or buildah"
 	@echo "make cluster-up    start the local control plane (make cluster-down stops it)"
-	@echo "make bench         every benchmark in turn (BENCH_QUICK=1: shorter runs), each ending in one JSON line"
+	@echo "make bench         every benchmark in turn (BENCH_QUICK=1: shorter runs), then bench/results/RESULTS.md and plots"
+	@echo "make bench-report  only the report: RESULTS.md and PNG plots from the results files in bench/results"
 	@echo "make bench-*       sim | router | placement | autoscaler | rollout | operator-cluster"
 	@echo "make chaos         faults on purpose: operator, router, Redis, Prometheus, engines, API server (CHAOS_QUICK=1: 3 trials)"
 
@@ -94,8 +95,14 @@ cluster-status: $(STAMP)
 demo: $(STAMP) proto binaries
 	$(PY) -m tokenyard.devcluster demo $(DEMO_ARGS)
 
-# Every benchmark, one after the other (never in parallel: they share the 2 cores and compare peers within a run).
+# Every benchmark, one after the other (never in parallel: they share the 2 cores and compare peers within a run),
+# each writing bench/results/<name>.json (BENCH_RESULTS_DIR elsewhere), then the report over them.
 bench: bench-sim bench-router bench-placement bench-autoscaler bench-rollout bench-operator-cluster
+	$(PY) bench/report.py
+
+# RESULTS.md (a table per benchmark) and the PNG plots, from whichever results files exist.
+bench-report: $(STAMP)
+	$(PY) bench/report.py
 
 bench-sim: $(STAMP) proto
 	$(PY) bench/bench_sim.py

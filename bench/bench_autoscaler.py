@@ -79,6 +79,7 @@ for folder in ("autoscaler", "sim", "core", "bench"):
     sys.path.insert(0, str(ROOT / folder))
 
 from promql_eval import Query, SeriesStore, labels_of  # noqa: E402
+from results_io import write_results  # noqa: E402
 from tokenyard.autoscaler.controller import policy_config_from_spec, signal_names  # noqa: E402
 from tokenyard.autoscaler.policy import Observation, Policy, SampleWindow, SignalKind  # noqa: E402
 from tokenyard.autoscaler.prometheus import parse_query_response, signal_query  # noqa: E402
@@ -886,7 +887,15 @@ def main() -> None:
             f"{r['slo_attainment']:.2%}, GPU-hours {ours_mean['gpu_hours']:.1f} vs {r['gpu_hours']:.1f}"
         )
     print(f"wall time {time.monotonic() - started:.0f} s")
-    print(json.dumps({"bench": "autoscaler", "evaluation_seeds": seeds, "results": results}))
+    final = {
+        "bench": "autoscaler",
+        "evaluation_seeds": seeds,
+        "ttft_slo_s": TTFT_SLO_S,
+        "slo_floor": TUNE_SLO_FLOOR,
+        "results": results,
+    }
+    print(json.dumps(final))
+    write_results("autoscaler", final)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from results_io import write_results
 from tokenyard.core import labels
 from tokenyard.core.process import stop_process
 from tokenyard.devcluster.binaries import ensure_binaries
@@ -319,8 +320,11 @@ def delete_baseline(apis: Apis) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def print_table(ours: dict[str, float], baseline: dict[str, float]) -> None:
-    rows = [
+def comparison_rows(
+    ours: dict[str, float], baseline: dict[str, float]
+) -> list[tuple[str, float, float | None]]:
+    """(measure, tokenyard's seconds, the Deployment's seconds or None where it has no counterpart)."""
+    return [
         (
             "apply -> all ready (20 x 4 GPUs, 1 pod each)",
             ours["apply_20_groups_ready_s"],
@@ -339,8 +343,11 @@ def print_table(ours: dict[str, float], baseline: dict[str, float]) -> None:
         ("apply -> all ready (6 TP=16 gangs, 2 pods each)", ours["apply_6_tp16_groups_ready_s"], None),
         ("TP=16 worker killed -> gang recreated, ready", ours["tp16_worker_kill_to_gang_ready_s"], None),
     ]
+
+
+def print_table(ours: dict[str, float], baseline: dict[str, float]) -> None:
     print(f"\n{'measure':<50} {'tokenyard s':>12} {'Deployment s':>13} {'ratio':>7}")
-    for label, mine, theirs in rows:
+    for label, mine, theirs in comparison_rows(ours, baseline):
         theirs_text = f"{theirs:13.2f}" if theirs is not None else f"{'-':>13}"
         ratio_value = ratio(mine, theirs) if theirs is not None else None
         ratio_text = f"{ratio_value:7.2f}" if ratio_value is not None else f"{'-':>7}"
@@ -399,14 +406,21 @@ def main() -> int:
             cluster.stop()
     print_table(ours, theirs)
     public = lambda d: {k: round(v, 3) for k, v in d.items() if not k.startswith("_")}  # noqa: E731
-    print(
-        json.dumps(
+    final = {
+        "bench": "operator_cluster",
+        "results": {"tokenyard": public(ours), "deployment_baseline": public(theirs)},
+        # the table's pairs, for bench/report.py
+        "comparison": [
             {
-                "bench": "operator_cluster",
-                "results": {"tokenyard": public(ours), "deployment_baseline": public(theirs)},
+                "measure": label,
+                "tokenyard_s": round(mine, 3),
+                "deployment_s": None if other is None else round(other, 3),
             }
-        )
-    )
+            for label, mine, other in comparison_rows(ours, theirs)
+        ],
+    }
+    print(json.dumps(final))
+    write_results("operator_cluster", final)
     return 0
 
 

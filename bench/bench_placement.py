@@ -51,8 +51,8 @@ repacking oracle, which never strands a GPU, accepts the fewest groups of all at
 1.1 against first fit's 38,812 on the default seed). A count that ranks the perfect packer last measures
 which sizes were admitted, not placement; the count ranks placements where refusals come from
 fragmentation and demand peaks, hence the default load of 0.95 (there the oracle accepts the most
-groups). `by_load` repeats the count (and the GPUs) for tokenyard, first fit and the oracle at
-OTHER_LOADS (default 1.0 and 1.1) on the same seed, so the overload figures stay in view. Accepted GPUs
+groups). `by_load` repeats the count (and the GPUs, and the stranded GPUs) for tokenyard, first fit and the
+oracle at OTHER_LOADS (default 1.0 and 1.1) on the same seed, so the overload figures stay in view. Accepted GPUs
 have no such bias: the oracle accepts the most at every load.
 
 Run: `make bench-placement` (BENCH_QUICK=1 for a shorter stream). Ratios within one run are the claim.
@@ -70,6 +70,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from results_io import write_results
 from tokenyard.core import labels
 from tokenyard.operator.placement import (
     Assignment,
@@ -89,7 +90,7 @@ PRODUCT = "H100-SXM"
 
 SIZE_SHARES = {1: 0.30, 2: 0.25, 4: 0.20, 8: 0.15, 16: 0.10}
 LOAD = float(os.environ.get("LOAD", "0.95"))
-# the same comparison at other offered loads, accepted groups only (see "Offered load" above)
+# the same comparison at other offered loads: tokenyard, first fit and the oracle (see "Offered load" above)
 OTHER_LOADS = [float(load) for load in os.environ.get("OTHER_LOADS", "1.0,1.1").split(",") if load]
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 DEBUG = os.environ.get("BENCH_DEBUG") == "1"  # print every strategy's refusals by group size and cause
@@ -511,22 +512,29 @@ def main() -> None:
                 f"{figures[name]['accepted']:>6} ({figures[name]['accepted_gpus']})" for name in names
             )
             print(f"  load {load}: {row}")
-    print(json.dumps({"bench": "placement", "load": LOAD, "results": results, "by_load": by_load}))
+    final = {"bench": "placement", "load": LOAD, "results": results, "by_load": by_load}
+    print(json.dumps(final))
+    write_results("placement", final)
 
 
 def accepted_by_load(topology: Topology) -> dict[str, dict[str, dict]]:
-    """Groups and GPUs accepted at the OTHER_LOADS (no stranded sampling, no timing): the check that a
-    count of accepted groups ranks placements the same way at every load, or the evidence that it does not."""
+    """Groups and GPUs accepted, and GPUs stranded, at the OTHER_LOADS (no timing): the check that a count of
+    accepted groups ranks placements the same way at every load, or the evidence that it does not; the stranded
+    GPUs draw each strategy's line against the offered load (bench/report.py)."""
     by_load: dict[str, dict[str, dict]] = {}
     for load in OTHER_LOADS:
         stream = arrivals(SEED, load)
         figures = {}
         for strategy in (Tokenyard(topology), FirstFit(topology), RepackingOracle(topology)):
-            outcome = run(strategy, stream, sample=False)
+            outcome = run(strategy, stream)
+            oracle = isinstance(strategy, RepackingOracle)
             figures[strategy.name] = {
                 "accepted": outcome.accepted,
                 "accepted_gpus": outcome.accepted_gpus,
                 "refused_fragmented": outcome.refusals("fragmented"),
+                "stranded_gpus_mean": outcome.figures(timed=False, measured_stranded=not oracle)[
+                    "stranded_gpus_mean"
+                ],
             }
         by_load[f"{load:g}"] = figures
         print(f"  load {load:g}: done", file=sys.stderr)

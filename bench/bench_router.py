@@ -75,6 +75,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
+from results_io import write_results
 from router_peers import (
     READINESS_PATH,
     SGLANG_ROUTER_GRID,
@@ -451,6 +452,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
+# The open-loop TTFT at every percentile and at 99.9 (bench/report.py draws each policy's TTFT CDF from these).
+TTFT_CDF_PERCENTS = [*range(1, 100), 99.9]
+
+
 COUNTERS = (
     "vllm:prefix_cache_hits_total",
     "vllm:prefix_cache_queries_total",
@@ -511,6 +516,8 @@ def summarise(run: PolicyRun) -> dict[str, float]:
         "ttft_p50_s": round(percentile(ttfts, 0.5), 4),
         "ttft_p90_s": round(percentile(ttfts, 0.9), 4),
         "ttft_p99_s": round(percentile(ttfts, 0.99), 4),
+        "ttft_cdf_percent": TTFT_CDF_PERCENTS,
+        "ttft_cdf_s": [round(percentile(ttfts, p / 100), 4) for p in TTFT_CDF_PERCENTS],
         "output_tok_s": round(run.closed_tokens / run.closed_elapsed, 1) if run.closed_elapsed else 0.0,
         "output_tok_s_rounds": [round(value, 1) for value in run.closed_rounds],
         "ttft_p90_s_rounds": [round(p90, 4) for p90, _ in run.ttft_rounds],
@@ -896,7 +903,16 @@ async def main() -> None:
                     )
     finally:
         stop_process(host, timeout=15)
-    print(json.dumps({"bench": "router", "results": results}))
+    # which rows are a peer tuned on the tuning workloads, and which are extra tokenyard configurations (labelled
+    # as such in bench/report.py's table, never the headline)
+    final = {
+        "bench": "router",
+        "tuned_peers": [SGLANG_TUNED],
+        "tokenyard_variants": list(VARIANTS),
+        "results": results,
+    }
+    print(json.dumps(final))
+    write_results("router", final)
 
 
 if __name__ == "__main__":
