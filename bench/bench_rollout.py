@@ -5,7 +5,10 @@ canary's; the counts are read every 30 s of traffic (``REQUESTS_PER_LOOK`` reque
 to the canary) for up to ``LOOKS`` looks (an hour). Rules:
 
 * ``tokenyard``: ``tokenyard.operator.analysis.compare_proportions`` on the cumulative counts of both
-  revisions at every look; rollback on FAIL.
+  revisions at every look, with what the operator reads beside them (``canary.PrometheusAnalysis``): each
+  revision's counts per 30 s interval of the window, and the stable revision's per interval over the hour
+  before the rollout (``HISTORY_SECONDS``), from which the test learns how clumped failures are; rollback on
+  FAIL.
 * ``argo_failure_limit``: Argo Rollouts' AnalysisRun: each measurement reads the canary's error ratio
   over its query window; a measurement fails above a fixed threshold; the analysis fails once the failed
   measurements exceed ``failureLimit`` (Argo docs, "Analysis & Progressive Delivery": failureLimit).
@@ -75,12 +78,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from results_io import write_results
 from tokenyard.operator.analysis import (
     AnalysisDecision,
     AnalysisSettings,
     ProportionCounts,
     compare_proportions,
 )
+from tokenyard.operator.canary import HISTORY_SECONDS
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 SEED = 20261202
@@ -95,6 +100,7 @@ TUNE_ROLLOUTS = 1000
 TUNE_WINDOWS_LOOKS = (1, 2, 4, 10)  # metric query windows of 30 s, 1 m, 2 m, 5 m
 LOOK_SECONDS = 30
 LOOKS = 120  # one hour of 30 s looks
+HISTORY_LOOKS = round(HISTORY_SECONDS / LOOK_SECONDS)  # the stable revision's hour before the rollout
 REQUESTS_PER_LOOK = 600  # 20 requests/s over 30 s
 CANARY_SHARE = 0.2
 BASE_ERROR_RATIO = 0.01
@@ -163,6 +169,9 @@ def binomial(rng: random.Random, n: int, p: float) -> int:
 class Rollout:
     canary_failures: list[int]  # per look
     stable_failures: list[int]
+    # (requests, failures) per look of the stable revision over the hour before the rollout, when it served
+    # every request: what the operator reads to learn how clumped this service's failures are
+    stable_history: tuple[tuple[int, int], ...] = ()
 
 
 def burst_states(rng: random.Random, looks: int) -> list[bool]:
@@ -185,22 +194,38 @@ def simulate(population_seed: int, population: Population, rollouts: int) -> lis
     out = []
     for _ in range(rollouts):
         if population.bursts:
-            canary_states = burst_states(rng, LOOKS)
-            stable_states = canary_states if population.bursts == "shared" else burst_states(rng, LOOKS)
+            # the stable revision's burst process runs on from the hour before the rollout into it
+            stable_states = burst_states(rng, HISTORY_LOOKS + LOOKS)
+            history_states, stable_states = stable_states[:HISTORY_LOOKS], stable_states[HISTORY_LOOKS:]
+            canary_states = stable_states if population.bursts == "shared" else burst_states(rng, LOOKS)
             p_canary = modulated(population.p_canary, canary_states)
             p_stable = modulated(population.p_stable, stable_states)
+            p_history = modulated(population.p_stable, history_states)
         else:
             p_canary, p_stable = [population.p_canary] * LOOKS, [population.p_stable] * LOOKS
+            p_history = [population.p_stable] * HISTORY_LOOKS
         out.append(
             Rollout(
                 [binomial(rng, CANARY_PER_LOOK, p) for p in p_canary],
                 [binomial(rng, STABLE_PER_LOOK, p) for p in p_stable],
+                tuple((REQUESTS_PER_LOOK, binomial(rng, REQUESTS_PER_LOOK, p)) for p in p_history),
             )
         )
     return out
 
 
 # --- the rules: each returns the look (1-based) at which it rolls back, or None ----------------------
+
+
+def operator_view(rollout: Rollout, looks: int) -> tuple[ProportionCounts, ProportionCounts]:
+    """(canary, stable) after ``looks`` looks as the operator reads them: the totals of the window and its counts
+    per interval (the stable revision's hour before comes from ``rollout.stable_history``)."""
+    canary = rollout.canary_failures[:looks]
+    stable = rollout.stable_failures[:looks]
+    return (
+        ProportionCounts(looks * CANARY_PER_LOOK, sum(canary), tuple((CANARY_PER_LOOK, f) for f in canary)),
+        ProportionCounts(looks * STABLE_PER_LOOK, sum(stable), tuple((STABLE_PER_LOOK, f) for f in stable)),
+    )
 
 
 def tokenyard_rollback_looks(
@@ -210,17 +235,10 @@ def tokenyard_rollback_looks(
     log(1/α) does: a look fails at α when it fails at the largest α and its statistic reaches log(1/α)."""
     loosest = settings.with_alpha(max(alphas))
     found: dict[float, int | None] = dict.fromkeys(alphas)
-    f_c = f_s = 0
     for look in range(LOOKS):
-        f_c += rollout.canary_failures[look]
-        f_s += rollout.stable_failures[look]
         n = look + 1
-        verdict = compare_proportions(
-            "errors",
-            ProportionCounts(n * CANARY_PER_LOOK, f_c),
-            ProportionCounts(n * STABLE_PER_LOOK, f_s),
-            loosest,
-        )
+        canary, stable = operator_view(rollout, n)
+        verdict = compare_proportions("errors", canary, stable, loosest, history=rollout.stable_history)
         if verdict.decision is AnalysisDecision.FAIL:
             for alpha in alphas:
                 if found[alpha] is None and verdict.statistic >= math.log(1.0 / alpha):
@@ -629,7 +647,9 @@ def main() -> int:
             + (f"  ABOVE α (by 2 s.e.): {flag}" if flag else "")
         )
     print(f"elapsed {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    print(json.dumps({"bench": "rollout", "results": results}))
+    final = {"bench": "rollout", "results": results}
+    print(json.dumps(final))
+    write_results("rollout", final)
     return 0
 
 

@@ -8,7 +8,9 @@ comes back as a reading with no value and the reason, never as zero: zero waitin
 - `Reading` (one number) and `parse_query_response` (pure) for queries that aggregate to one sample;
 - `VectorReading` (samples with their labels) and `parse_vector_response` (pure) for queries whose series
   the caller tells apart (per revision, per bucket);
-- `PrometheusClient.query` / `query_vector`, which never raise for Prometheus's failures.
+- `MatrixReading` (series of points over time) and `parse_matrix_response` (pure) for range queries, which
+  the rollout analysis uses to see how failures were spread over a window and the hour before it;
+- `PrometheusClient.query` / `query_vector` / `query_range`, which never raise for Prometheus's failures.
 """
 
 from __future__ import annotations
@@ -58,6 +60,27 @@ class VectorReading:
     @property
     def empty(self) -> bool:
         return self.samples == ()
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of a range query: its labels and its (finite) points, (unix seconds, value), oldest first."""
+
+    labels: Mapping[str, str]
+    points: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class MatrixReading:
+    """A range query's series, or why there are none (``series`` None). No series is ``ok``: the caller
+    decides what a missing series means."""
+
+    series: tuple[Series, ...] | None
+    problem: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.series is not None
 
 
 def _failure(http_status: int, body: Any) -> str | None:
@@ -119,6 +142,26 @@ def parse_vector_response(http_status: int, body: Any, query: str) -> VectorRead
     return VectorReading(samples, "" if samples else "empty result (no series match)")
 
 
+def parse_matrix_response(http_status: int, body: Any, query: str) -> MatrixReading:
+    """Turn an /api/v1/query_range response into its series (pure); NaN and infinite points are left out."""
+    problem = _failure(http_status, body)
+    if problem:
+        return MatrixReading(None, f"{problem} (query: {query})")
+    data = body.get("data") or {}
+    result_type, result = data.get("resultType"), data.get("result")
+    if result_type != "matrix":
+        return MatrixReading(None, f"result type {result_type!r}, expected a matrix (query: {query})")
+    try:
+        series = []
+        for one in result or ():
+            points = ((float(at), float(value)) for at, value in one.get("values") or ())
+            finite = tuple((at, value) for at, value in points if math.isfinite(value))
+            series.append(Series(dict(one.get("metric") or {}), finite))
+    except (TypeError, ValueError, AttributeError):
+        return MatrixReading(None, f"malformed result {result!r} (query: {query})")
+    return MatrixReading(tuple(series))
+
+
 class PrometheusClient:
     """A small async client of Prometheus's instant-query API. One per process; close() when done."""
 
@@ -136,10 +179,12 @@ class PrometheusClient:
             self._own_session = True
         return self._session
 
-    async def _get(self, promql: str, at: float | None) -> tuple[int, Any] | str:
+    async def _get(
+        self, promql: str, at: float | None, endpoint: str = "query", **extra: str
+    ) -> tuple[int, Any] | str:
         """(HTTP status, parsed JSON body), or why there is none."""
-        url = f"{self.base_url}/api/v1/query"
-        params = {"query": promql}
+        url = f"{self.base_url}/api/v1/{endpoint}"
+        params = {"query": promql, **extra}
         if at is not None:
             params["time"] = f"{at:.3f}"
         session = await self._get_session()
@@ -167,6 +212,15 @@ class PrometheusClient:
         if isinstance(got, str):
             return VectorReading(None, got)
         return parse_vector_response(*got, promql)
+
+    async def query_range(self, promql: str, start: float, end: float, step: float) -> MatrixReading:
+        """The query evaluated at start, start + step, ... up to end."""
+        got = await self._get(
+            promql, None, "query_range", start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}"
+        )
+        if isinstance(got, str):
+            return MatrixReading(None, got)
+        return parse_matrix_response(*got, promql)
 
     async def query_many(self, queries: dict[str, str], at: float | None = None) -> dict[str, Reading]:
         names = list(queries)

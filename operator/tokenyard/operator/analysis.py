@@ -48,6 +48,7 @@ most α whichever metric would fire.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -69,6 +70,7 @@ __all__ = [
     "compare_proportions",
     "evaluate",
     "gaussian_alternatives_log_lr",
+    "overdispersion",
 ]
 
 
@@ -163,10 +165,15 @@ MIN_EXPECTED_EVENTS = 5
 @dataclass(frozen=True)
 class ProportionCounts:
     """Cumulative counts of one revision over the analysis window: requests and the bad ones among them
-    (failures, or requests over the TTFT SLO). ``None`` means the metric could not be read."""
+    (failures, or requests over the TTFT SLO). ``None`` means the metric could not be read.
+
+    ``intervals``, when known, are the same counts split into consecutive equal intervals of the window
+    (``(requests, events)`` each, oldest first): they show whether bad requests come in clumps, which widens
+    the test's variance (``overdispersion``)."""
 
     requests: float | None
     events: float | None
+    intervals: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -304,6 +311,85 @@ def binomial_mixture_log_lr(successes: float, trials: float, null_probability: f
     return top + math.log(sum(math.exp(t - top) for t in terms))
 
 
+# --- clumped failures -----------------------------------------------------------------------------------
+
+# Lags (in intervals) over which consecutive intervals' counts may move together, and the fewest intervals
+# before the counts are trusted to say anything about clumping.
+_DISPERSION_LAGS = 3
+_MIN_DISPERSION_INTERVALS = 4
+
+
+def overdispersion(
+    intervals: Sequence[tuple[float, float]], lags: int = _DISPERSION_LAGS, taper: bool = True
+) -> float:
+    """How much more the count of bad requests over the window varies than independent requests would make it
+    vary (≥ 1).
+
+    The binomial variance p(1−p)/n assumes each request fails independently. Real failures come in clumps (a
+    pod's bad minute, a flaky dependency): the count over a window then varies several times more, and a test
+    that trusts the binomial variance rolls back a healthy canary whenever its pod has a bad minute the stable
+    pods did not have. Each revision's variance is widened by this factor, the quasi-binomial way, from its
+    per-interval counts: the variance of their total estimated from the residuals about the pooled rate,
+    including the covariance of intervals up to ``_DISPERSION_LAGS`` apart (a clump that outlasts an interval
+    makes neighbours move together; Bartlett weights keep the estimate positive, as in Newey and West's
+    long-run variance), divided by the binomial variance of the total. Fewer than
+    ``_MIN_DISPERSION_INTERVALS`` intervals, or no bad request at all: 1 (the binomial variance).
+    """
+    used = [(n, f) for n, f in intervals if n > 0 and math.isfinite(n) and math.isfinite(f)]
+    if len(used) < _MIN_DISPERSION_INTERVALS:
+        return 1.0
+    total = sum(n for n, _ in used)
+    rate = sum(f for _, f in used) / total
+    if not 0.0 < rate < 1.0:
+        return 1.0
+    residuals = [f - n * rate for n, f in used]
+    lags = min(lags, len(used) - 1)
+    variance = sum(e * e for e in residuals)
+    for lag in range(1, lags + 1):
+        weight = 1.0 - lag / (lags + 1) if taper else 1.0
+        variance += 2.0 * weight * sum(a * b for a, b in zip(residuals, residuals[lag:], strict=False))
+    # K/(K−1): the pooled rate was estimated from the same counts
+    variance *= len(used) / (len(used) - 1)
+    return max(1.0, variance / (total * rate * (1.0 - rate)))
+
+
+# Lags of the history's estimate: an hour of 30 s intervals has room to see a clump of a few minutes.
+_HISTORY_LAGS = 16
+
+
+def relative_volatility(history: Sequence[tuple[float, float]]) -> float:
+    """How much a revision's error rate wanders, from its per-interval counts before the rollout: the v in
+    "a revision failing a share p of n requests per interval has its count's variance widened by
+    1 + n·p·v/(1 − p)" (the rate moving as p·m_t, with m_t's long-run variance v). The stable revision served
+    every request before the canary started, so its recent past (an hour of intervals) says how clumped this
+    service's failures are far more precisely than the few intervals of the analysis window can. (Cached: the
+    history is the same at every look of a window.)"""
+    return _relative_volatility(tuple(history))
+
+
+@functools.lru_cache(maxsize=64)
+def _relative_volatility(history: tuple[tuple[float, float], ...]) -> float:
+    used = [(n, f) for n, f in history if n > 0 and math.isfinite(n) and math.isfinite(f)]
+    if not used:
+        return 0.0
+    total = sum(n for n, _ in used)
+    rate = sum(f for _, f in used) / total
+    if not 0.0 < rate < 1.0:
+        return 0.0
+    per_interval = total / len(used)
+    return (overdispersion(used, _HISTORY_LAGS) - 1.0) * (1.0 - rate) / (per_interval * rate)
+
+
+def dispersion_factor(counts: ProportionCounts, rate: float, volatility: float) -> float:
+    """The factor a revision's binomial variance is widened by: the larger of what its own intervals in the
+    window show and what the service's volatility before the rollout predicts at its rate and traffic."""
+    own = overdispersion(counts.intervals)
+    if not counts.intervals or volatility <= 0 or not 0.0 < rate < 1.0:
+        return own
+    per_interval = (counts.requests or 0.0) / len(counts.intervals)
+    return max(own, 1.0 + per_interval * rate * volatility / (1.0 - rate))
+
+
 # --- comparisons of two revisions over the same time ----------------------------------------------------
 
 
@@ -395,6 +481,7 @@ def compare_proportions(
     *,
     final: bool = False,
     label: str = "error ratio",
+    history: Sequence[tuple[float, float]] = (),
 ) -> MetricVerdict:
     """Is the canary's share of bad requests above ``relative × stable's + absolute``?
 
@@ -424,7 +511,10 @@ def compare_proportions(
     floor = 0.5 / (n_c + n_s)
     p_s0 = min(1.0 - floor, max(floor, (f_c + f_s - n_c * abs_) / (n_c * rel + n_s)))
     p_c0 = min(1.0 - floor, max(floor, rel * p_s0 + abs_))
-    variance = p_c0 * (1 - p_c0) / n_c + rel * rel * p_s0 * (1 - p_s0) / n_s
+    volatility = relative_volatility(history)
+    variance = p_c0 * (1 - p_c0) / n_c * dispersion_factor(canary, p_c0, volatility) + rel * rel * p_s0 * (
+        1 - p_s0
+    ) / n_s * dispersion_factor(stable, p_s0, volatility)
     alternatives = _proportion_alternatives(settings, f_c + f_s, n_c, n_s, floor)
     worse = gaussian_alternatives_log_lr(estimate, variance, *alternatives)
     within = gaussian_alternatives_log_lr(-estimate, variance, *alternatives)
@@ -596,6 +686,8 @@ class MetricInput:
     paired: PairedCounts | None = None
     margin: Margin | None = None
     label: str = "error ratio"  # what a proportion is, for the reason: "error ratio", "share over TTFT SLO"
+    # (requests, bad requests) of the stable revision per interval before the window (``relative_volatility``)
+    history: tuple[tuple[float, float], ...] = ()
 
 
 def evaluate(metrics: Sequence[MetricInput], settings: AnalysisSettings, *, final: bool) -> AnalysisResult:
@@ -611,7 +703,11 @@ def evaluate(metrics: Sequence[MetricInput], settings: AnalysisSettings, *, fina
         elif isinstance(m.canary, MeanSample) and isinstance(m.stable, MeanSample):
             verdicts.append(compare_means(m.name, m.canary, m.stable, s, final=final))
         elif isinstance(m.canary, ProportionCounts) and isinstance(m.stable, ProportionCounts):
-            verdicts.append(compare_proportions(m.name, m.canary, m.stable, s, final=final, label=m.label))
+            verdicts.append(
+                compare_proportions(
+                    m.name, m.canary, m.stable, s, final=final, label=m.label, history=m.history
+                )
+            )
         else:
             reason = f"{m.name}: measurements missing for a revision (canary {m.canary}, stable {m.stable})"
             verdicts.append(MetricVerdict(m.name, AnalysisDecision.INCONCLUSIVE, None, s.threshold, reason))

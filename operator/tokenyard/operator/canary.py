@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tokenyard.core.metrics import bucket_at_or_below
-from tokenyard.core.prometheus import PrometheusClient, VectorReading
+from tokenyard.core.prometheus import MatrixReading, PrometheusClient, Series, VectorReading
 from tokenyard.core.types import AnalysisMetric, AnalysisMetricKind, ModelDeploymentSpec
 from tokenyard.operator.analysis import (
     AnalysisDecision,
@@ -114,6 +114,7 @@ class PrometheusAnalysis:
                 (),
             )
         scope = QueryScope(model, namespace, f"{max(1, math.ceil(now - since))}s")
+        timeline = Timeline(since, now, float(spec.rollout.analysis.interval_seconds))
         metrics, skipped = metrics_for_step(spec.rollout.analysis.metrics, shadow)
         problems = query_problems(metrics)
         if problems:
@@ -126,7 +127,12 @@ class PrometheusAnalysis:
             return AnalysisResult(AnalysisDecision.INCONCLUSIVE, f"Prometheus for the analysis: {e}", ())
         try:
             for metric in metrics:
-                inputs.append(await self._measure(client, metric, scope, stable, canary, shadow))
+                measured = await self._measure(client, metric, scope, stable, canary, shadow)
+                if not shadow and metric.kind in SPREAD_KINDS:
+                    measured = await self._with_spread(
+                        client, measured, metric, scope, timeline, stable, canary
+                    )
+                inputs.append(measured)
         except QueryFailed as e:
             return AnalysisResult(
                 AnalysisDecision.INCONCLUSIVE, f"Prometheus at {self.url} unreachable or failing: {e}", ()
@@ -189,6 +195,41 @@ class PrometheusAnalysis:
             label=label,
         )
 
+    async def _with_spread(
+        self,
+        client,
+        measured: MetricInput,
+        metric: AnalysisMetric,
+        scope: QueryScope,
+        timeline: Timeline,
+        stable: str,
+        canary: str,
+    ) -> MetricInput:
+        """The metric's counts split into the analysis' intervals (the window's, per revision, and the stable
+        revision's over the hour before it), so that the test sees whether bad requests come in clumps
+        (``analysis.overdispersion``). Two range queries per metric, whatever the number of intervals."""
+        counted = [measured.canary, measured.stable]
+        if not all(isinstance(c, ProportionCounts) and c.requests is not None for c in counted):
+            return measured  # nothing to spread: the totals already make the verdict inconclusive
+        step_scope = replace(scope, window=f"{max(1, math.ceil(timeline.interval))}s")
+        total, bad = proportion_queries(metric.kind, metric.slo_seconds, step_scope)
+        start, end, step = timeline.range()
+        totals = await self._matrix(client, total, start, end, step)
+        bads = await self._matrix(client, bad, start, end, step)
+        split = {r: split_intervals(totals, bads, r, timeline.since) for r in (canary, stable)}
+        return replace(
+            measured,
+            canary=replace(measured.canary, intervals=split[canary][1]),
+            stable=replace(measured.stable, intervals=split[stable][1]),
+            history=split[stable][0],
+        )
+
+    async def _matrix(self, client, query: str, start: float, end: float, step: float) -> tuple[Series, ...]:
+        reading: MatrixReading = await client.query_range(query, start, end, step)
+        if not reading.ok:
+            raise QueryFailed(reading.problem)
+        return reading.series
+
     async def _promql_counts(
         self, client, metric: AnalysisMetric, scope: QueryScope, revision: str
     ) -> ProportionCounts:
@@ -234,6 +275,52 @@ def _proportion(requests: float | None, events: float | None) -> ProportionCount
         # increase() extrapolates each series on its own, so errors can exceed requests by a hair.
         events = min(events, requests)
     return ProportionCounts(requests, events)
+
+
+# --- how the counts were spread over time (pure) -------------------------------------------------------------
+
+# The proportion metrics whose counts are split into intervals: the router's own series, whose queries the
+# operator writes (a user's PromQL metric is judged on its totals only).
+SPREAD_KINDS = (AnalysisMetricKind.ERROR_RATIO, AnalysisMetricKind.TTFT_OVER_SLO)
+# How far back the stable revision's intervals are read: an hour of 30 s intervals estimates how clumped the
+# service's failures are well enough; the window of one step is too short for it.
+HISTORY_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The analysis window (``since`` to ``now``) and the interval its looks are spaced by."""
+
+    since: float
+    now: float
+    interval: float
+
+    def range(self) -> tuple[float, float, float]:
+        """(start, end, step) of one range query whose points end the intervals of the hour before the window
+        and of the window itself: each point is the increase over the interval that ends at it, and one point
+        falls exactly on ``since``."""
+        # Prometheus refuses a range query of more than 11,000 points: a longer timeline gets longer intervals.
+        step = max(1.0, self.interval, math.ceil((HISTORY_SECONDS + self.now - self.since) / 10_000))
+        before = max(1, int(HISTORY_SECONDS // step))
+        after = max(0, int((self.now - self.since) // step))
+        return self.since - (before - 1) * step, self.since + after * step, step
+
+
+def split_intervals(
+    totals: Sequence[Series], bads: Sequence[Series], revision: str, since: float
+) -> tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]:
+    """One revision's (requests, bad requests) per interval: those that ended by ``since`` (before the window)
+    and those after it. An interval without requests is left out; one with requests and no series of bad
+    requests had none."""
+    requests = next((s.points for s in totals if s.labels.get("revision", "") == revision), ())
+    bad_at = dict(next((s.points for s in bads if s.labels.get("revision", "") == revision), ()))
+    before, after = [], []
+    for at, count in requests:
+        if count <= 0:
+            continue
+        pair = (count, min(count, max(0.0, bad_at.get(at, 0.0))))
+        (before if at <= since else after).append(pair)
+    return tuple(before), tuple(after)
 
 
 # --- the queries (pure, so that their text is tested) ------------------------------------------------------

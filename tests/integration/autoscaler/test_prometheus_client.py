@@ -202,11 +202,21 @@ async def test_default_queries_against_a_real_prometheus_then_it_stops(real_prom
 
         t, q = await wait_for(rated, 30, "rates over the scraped histograms")
         assert 0 <= t.value <= 2.5 and q.value >= 0
+        # A range query (the rollout analysis' counts per interval): points step apart, oldest first.
+        now = time.time()
+        ranged = await prom.query_range(waiting_q, now - 4, now, 1)
+        assert ranged.ok, ranged.problem
+        (series,) = ranged.series
+        times = [at for at, _ in series.points]
+        assert times == sorted(times) and all(b - a == 1 for a, b in zip(times, times[1:], strict=False))
+        assert {value for _, value in series.points} == {3.0}
 
         process.terminate()  # Prometheus stops mid-test: unreachable is no data, never zero
         process.wait(timeout=10)
         gone = await prom.query(waiting_q)
         assert gone.value is None and "unreachable" in gone.problem
+        gone_range = await prom.query_range(waiting_q, now - 4, now, 1)
+        assert not gone_range.ok and "unreachable" in gone_range.problem
     finally:
         await prom.close()
 

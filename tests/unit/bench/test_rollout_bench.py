@@ -30,7 +30,6 @@ _spec.loader.exec_module(br)
 from tokenyard.operator.analysis import (  # noqa: E402
     AnalysisDecision,
     AnalysisSettings,
-    ProportionCounts,
     compare_proportions,
 )
 
@@ -114,17 +113,10 @@ def test_flagger_documented_example_rolls_back_after_interval_times_threshold_an
 # ---------------------------------------------------------------------------------------------- α sweep
 def _direct_rollback_look(rollout, settings):
     """tokenyard's rule run at one α, as the operator runs it."""
-    f_c = f_s = 0
     for look in range(br.LOOKS):
-        f_c += rollout.canary_failures[look]
-        f_s += rollout.stable_failures[look]
         n = look + 1
-        verdict = compare_proportions(
-            "errors",
-            ProportionCounts(n * br.CANARY_PER_LOOK, f_c),
-            ProportionCounts(n * br.STABLE_PER_LOOK, f_s),
-            settings,
-        )
+        canary, stable = br.operator_view(rollout, n)
+        verdict = compare_proportions("errors", canary, stable, settings, history=rollout.stable_history)
         if verdict.decision is AnalysisDecision.FAIL:
             return n
     return None

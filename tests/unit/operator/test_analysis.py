@@ -20,8 +20,11 @@ from tokenyard.operator.analysis import (
     compare_means,
     compare_paired,
     compare_proportions,
+    dispersion_factor,
     evaluate,
     gaussian_alternatives_log_lr,
+    overdispersion,
+    relative_volatility,
 )
 
 ALPHA = 0.05
@@ -383,3 +386,80 @@ def test_a_a_shadow_pairs_stay_under_alpha_and_a_worse_shadow_is_caught():
 
     assert rate(0.01, 0.01, seed=5) <= ALPHA + TOLERANCE
     assert rate(0.03, 0.01, seed=6) >= 0.9
+
+
+# --- failures in clumps -----------------------------------------------------------------------------------
+
+
+def independent_intervals(rng, count, requests, rate):
+    return [(requests, binomial(rng, requests, rate)) for _ in range(count)]
+
+
+def clumped_intervals(rng, count, requests, calm, burst, every):
+    """A burst (rate ``burst``) of two intervals in every ``every``, calm otherwise."""
+    return [(requests, binomial(rng, requests, burst if i % every in (0, 1) else calm)) for i in range(count)]
+
+
+def test_independent_failures_are_not_overdispersed_and_clumped_ones_are():
+    rng = random.Random(7)
+    calm = [overdispersion(independent_intervals(rng, 60, 500, 0.01)) for _ in range(200)]
+    # the estimate is floored at 1 and noisy around it; on average barely above
+    assert min(calm) == 1.0 and statistics_mean(calm) < 1.4
+    clumped = [overdispersion(clumped_intervals(rng, 60, 500, 0.005, 0.05, 10)) for _ in range(50)]
+    assert statistics_mean(clumped) > 3.0
+
+
+def statistics_mean(values):
+    return sum(values) / len(values)
+
+
+def test_too_few_intervals_or_no_failure_say_nothing_about_clumping():
+    assert overdispersion([(100, 9), (100, 0), (100, 0)]) == 1.0  # three intervals: too few to tell
+    assert overdispersion([(100, 0)] * 20) == 1.0
+    assert overdispersion([]) == 1.0
+    assert overdispersion([(100, 30), (100, 0), (100, 0), (100, 0), (100, 30), (100, 0)]) > 5.0
+
+
+def test_the_history_gives_a_volatility_that_widens_each_revision_by_its_traffic():
+    rng = random.Random(11)
+    assert relative_volatility(independent_intervals(rng, 120, 600, 0.01)) < 0.2
+    volatility = relative_volatility(clumped_intervals(rng, 120, 600, 0.005, 0.05, 10))
+    assert volatility > 0.5
+    # more requests per interval, the same relative wandering of the rate: a larger factor
+    few = dispersion_factor(ProportionCounts(1200, 12, ((120, 1),) * 10), 0.01, volatility)
+    many = dispersion_factor(ProportionCounts(4800, 48, ((480, 5),) * 10), 0.01, volatility)
+    assert 1.0 < few < many
+    # no intervals known: only the binomial variance (nothing to scale the volatility by)
+    assert dispersion_factor(ProportionCounts(1200, 12), 0.01, volatility) == 1.0
+
+
+def test_a_canary_burst_the_stable_pods_did_not_have_is_not_a_regression_when_failures_clump():
+    """A/A, each revision with its own bad minutes: the binomial test reads the canary's burst as a worse
+    canary; with the window's intervals and the stable revision's clumped history it does not."""
+    rng = random.Random(3)
+    history = tuple(clumped_intervals(rng, 120, 600, 0.005, 0.05, 10))
+    canary_intervals = ((120, 1), (120, 0), (120, 6), (120, 7), (120, 1), (120, 0), (120, 1), (120, 0))
+    stable_intervals = ((480, 2), (480, 3), (480, 2), (480, 3), (480, 2), (480, 3), (480, 2), (480, 2))
+    canary = ProportionCounts(960, 16, canary_intervals)
+    stable = ProportionCounts(3840, 19, stable_intervals)
+    binomial_only = compare_proportions(
+        "errors", replace_intervals(canary), replace_intervals(stable), SETTINGS
+    )
+    assert binomial_only.decision is AnalysisDecision.FAIL
+    widened = compare_proportions("errors", canary, stable, SETTINGS, history=history)
+    assert widened.decision is AnalysisDecision.PENDING, widened.reason
+
+
+def replace_intervals(counts):
+    return ProportionCounts(counts.requests, counts.events)
+
+
+def test_a_steady_regression_is_still_caught_with_a_calm_history():
+    rng = random.Random(5)
+    history = tuple(independent_intervals(rng, 120, 600, 0.01))
+    canary_intervals = tuple(independent_intervals(rng, 20, 120, 0.03))
+    stable_intervals = tuple(independent_intervals(rng, 20, 480, 0.01))
+    canary = ProportionCounts(2400, sum(f for _, f in canary_intervals), canary_intervals)
+    stable = ProportionCounts(9600, sum(f for _, f in stable_intervals), stable_intervals)
+    verdict = compare_proportions("errors", canary, stable, SETTINGS, history=history)
+    assert verdict.decision is AnalysisDecision.FAIL, verdict.reason

@@ -4,12 +4,20 @@ import asyncio
 import random
 
 import pytest
-from tokenyard.core.prometheus import VectorReading, parse_vector_response
+from tokenyard.core.prometheus import (
+    MatrixReading,
+    Series,
+    VectorReading,
+    parse_matrix_response,
+    parse_vector_response,
+)
 from tokenyard.core.types import AnalysisMetric, AnalysisMetricKind, ModelDeploymentSpec
 from tokenyard.operator.analysis import AnalysisDecision, AnalysisResult, PairedCounts
 from tokenyard.operator.canary import (
+    HISTORY_SECONDS,
     PrometheusAnalysis,
     QueryScope,
+    Timeline,
     inter_token_latency_queries,
     mean_sample,
     metrics_for_step,
@@ -18,6 +26,7 @@ from tokenyard.operator.canary import (
     query_problems,
     shadow_pair_queries,
     shadow_request_queries,
+    split_intervals,
     substitute,
 )
 from tokenyard.operator.rollout import AnalysisStep, Observations, RolloutState, Strategy, start_rollout
@@ -310,6 +319,10 @@ class FakeClient:
         self.asked.append(query)
         return self.reading
 
+    async def query_range(self, query, start, end, step):
+        self.asked.append(query)
+        return MatrixReading(())
+
     async def close(self):
         self.closed = True
 
@@ -361,3 +374,45 @@ def test_an_unreachable_prometheus_is_inconclusive_through_the_real_client():
     analysis = PrometheusAnalysis("http://127.0.0.1:1", timeout=2.0)
     result = judge(analysis)
     assert result.decision is AnalysisDecision.INCONCLUSIVE and "unreachable" in result.reason, result
+
+
+# --- counts per interval ---------------------------------------------------------------------------------
+
+
+def test_a_range_response_keeps_finite_points_and_failures_read_as_failures():
+    body = {
+        "status": "success",
+        "data": {
+            "resultType": "matrix",
+            "result": [{"metric": {"revision": "a"}, "values": [[30, "4"], [60, "NaN"], [90, "2"]]}],
+        },
+    }
+    (series,) = parse_matrix_response(200, body, "q").series
+    assert dict(series.labels) == {"revision": "a"} and series.points == ((30.0, 4.0), (90.0, 2.0))
+    vector = {"status": "success", "data": {"resultType": "vector", "result": []}}
+    assert not parse_matrix_response(200, vector, "q").ok
+    error = parse_matrix_response(400, {"status": "error", "errorType": "bad_data", "error": "x"}, "q")
+    assert not error.ok and "bad_data" in error.problem
+
+
+def test_the_range_ends_an_interval_exactly_at_the_window_start_and_reaches_back_an_hour():
+    start, end, step = Timeline(since=10_000.0, now=10_095.0, interval=30.0).range()
+    points = [start + k * step for k in range(int((end - start) // step) + 1)]
+    assert 10_000.0 in points and step == 30.0
+    assert len([p for p in points if p <= 10_000.0]) == HISTORY_SECONDS // 30
+    assert points[-1] == 10_090.0  # the last whole interval of the window
+    # a timeline too long for one range query gets longer intervals rather than a refused query
+    _, _, long_step = Timeline(since=0.0, now=86_400.0, interval=1.0).range()
+    assert (HISTORY_SECONDS + 86_400) / long_step <= 11_000
+
+
+def test_counts_split_at_the_window_start_per_revision():
+    totals = (
+        Series({"revision": "stable"}, ((30.0, 100.0), (60.0, 80.0), (90.0, 0.0), (120.0, 90.0))),
+        Series({"revision": "canary"}, ((90.0, 20.0), (120.0, 25.0))),
+    )
+    bads = (Series({"revision": "stable"}, ((30.0, 1.0), (120.0, 95.0))),)
+    before, after = split_intervals(totals, bads, "stable", since=60.0)
+    # no bad-request point: none; more bad requests than requests (extrapolation): capped; empty intervals left out
+    assert before == ((100.0, 1.0), (80.0, 0.0)) and after == ((90.0, 90.0),)
+    assert split_intervals(totals, bads, "canary", since=60.0) == ((), ((20.0, 0.0), (25.0, 0.0)))
