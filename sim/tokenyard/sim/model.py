@@ -9,7 +9,7 @@ sequence) through every layer on every GPU of a tensor-parallel group:
     memory_s  = (weight bytes read + KV bytes read and written) / TP / (HBM bandwidth x BANDWIDTH_EFFICIENCY)
     comm_s    = 2 all-reduces per layer (after attention, after the MLP, as Megatron-style TP does) of
                 num_tokens x hidden x 2 bytes, ring algorithm over the GPU's interconnect, when TP > 1
-    step_s    = max(compute_s, memory_s) + comm_s + STEP_OVERHEAD_S
+    step_s    = max(compute_s, memory_s) + comm_s + STEP_OVERHEAD_S + num_seqs x PER_SEQUENCE_STEP_S
 
 so a prefill-heavy step is compute-bound and a decode step is bandwidth-bound (every weight is read once per step
 whatever the batch size, which is what makes batching pay). Mixture-of-experts models read only the experts the
@@ -38,8 +38,18 @@ COMPUTE_EFFICIENCY = 0.6
 # Fraction of peak HBM bandwidth that decode kernels (weight and KV streaming) reach. Streaming benchmarks on
 # A100/H100 reach about 85-90 percent of the datasheet figure; attention over paged KV does somewhat worse.
 BANDWIDTH_EFFICIENCY = 0.8
-# Fixed cost of one engine step outside the GPU kernels (scheduling, sampling, CUDA-graph launch, detokenising).
+# Fixed cost of one engine step outside the GPU kernels (scheduling, CUDA-graph launch).
 STEP_OVERHEAD_S = 0.001
+# Cost of one step per sequence in its batch, beyond the roofline: the work a step does once per request and that
+# sharing the weights does not amortise (the request's positions and block table, sampling its token, handing it to
+# the detokeniser and the API server), which vLLM's engine loop does between forward passes. Fitted by least squares
+# on log(sim / published) to the decode figures marked `fit` in bench/bench_sim.py (InferenceBench's Llama-3.1-8B on
+# one H100 at concurrency 1 and 4, its Qwen2.5-72B on four H100s at 1, 4 and 16); held out there: J. Musgrave's A100
+# sweep (concurrency 1, and the throughput gain at 8). It stays small because a per-sequence cost caps an engine's
+# decode rate at 1 / PER_SEQUENCE_STEP_S tokens per second whatever its GPUs: the 0.234 ms that would bring
+# InferenceBench's 8B point at concurrency 16 within 15 percent caps every engine near 4.3k tok/s, and that point is
+# itself capped outside the engine (CAPPED in bench/bench_sim.py). `python bench/bench_sim.py --fit` redoes the fit.
+PER_SEQUENCE_STEP_S = 0.000050
 # Latency of one small NCCL all-reduce inside one node (NCCL's nccl-tests report a few microseconds on NVLink).
 ALLREDUCE_LATENCY_S = 10e-6
 # CUDA graphs, NCCL buffers and allocator slack that vLLM's profiling finds outside weights and activations.
@@ -386,6 +396,7 @@ class Deployment:
     # None: the model's dtype. Weights: 1 for an FP8 checkpoint, 4 for float32; KV: 1 with --kv-cache-dtype fp8.
     weight_dtype_bytes: float | None = None
     kv_dtype_bytes: int | None = None
+    per_sequence_step_s: float = PER_SEQUENCE_STEP_S
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -396,6 +407,8 @@ class Deployment:
             raise PresetError(f"pipeline parallel size {self.pp} exceeds the {self.model.num_layers} layers")
         if self.block_size < 1:
             raise PresetError(f"block size must be >= 1, got {self.block_size}")
+        if self.per_sequence_step_s < 0:
+            raise PresetError(f"per-sequence step cost must be >= 0 s, got {self.per_sequence_step_s}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise PresetError(f"gpu memory utilisation must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_budget_bytes_per_gpu < self.block_bytes_per_gpu:
@@ -492,7 +505,8 @@ class Deployment:
         if self.pp > 1:  # each stage hands its activations to the next one
             message = shape.num_tokens * m.hidden_size * m.dtype_bytes
             comm_s += (self.pp - 1) * (message / g.interconnect_bytes_per_s + ALLREDUCE_LATENCY_S)
-        return StepCost(compute_s, memory_s, comm_s, STEP_OVERHEAD_S)
+        overhead_s = STEP_OVERHEAD_S + shape.num_seqs * self.per_sequence_step_s
+        return StepCost(compute_s, memory_s, comm_s, overhead_s)
 
     def step_seconds(self, shape: StepShape) -> float:
         return self.step_cost(shape).total_s

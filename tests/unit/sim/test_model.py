@@ -1,11 +1,15 @@
 """The performance model against hand-computed figures."""
 
+from dataclasses import replace
+
 import pytest
 from tokenyard.sim.model import (
     BANDWIDTH_EFFICIENCY,
     GIB,
     GPUS,
     MODELS,
+    PER_SEQUENCE_STEP_S,
+    STEP_OVERHEAD_S,
     Deployment,
     PresetError,
     StepShape,
@@ -74,8 +78,32 @@ def test_llama_8b_decode_step_on_h100_by_hand():
     # every weight but the input embedding (a lookup): 8.03e9 - 128256 x 4096 parameters, bf16
     weights = (8.03e9 - 128_256 * 4096) * 2
     hand = weights / (3.35e12 * BANDWIDTH_EFFICIENCY)  # about 5.6 ms
-    assert d.decode_step_seconds(1, 1) == pytest.approx(hand + 0.001, rel=0.01)
+    assert d.decode_step_seconds(1, 1) == pytest.approx(
+        hand + STEP_OVERHEAD_S + PER_SEQUENCE_STEP_S, rel=0.01
+    )
     assert d.decode_step_seconds(1, 1) >= 8.03e9 * 2 / 3.35e12  # the issue's floor: all weights at peak
+
+
+def test_each_sequence_of_a_step_adds_the_per_sequence_cost_and_nothing_else_does():
+    d = Deployment(model_preset("llama-3.1-8b"), gpu_preset("h100-sxm"))
+    one, sixteen = (d.step_cost(StepShape(n, n, n * 100, n * 100)) for n in (1, 16))
+    assert one.overhead_s == pytest.approx(STEP_OVERHEAD_S + PER_SEQUENCE_STEP_S)
+    assert sixteen.overhead_s - one.overhead_s == pytest.approx(15 * PER_SEQUENCE_STEP_S)
+    without = replace(d, per_sequence_step_s=0.0)
+    added = d.decode_step_seconds(16, 100) - without.decode_step_seconds(16, 100)
+    assert added == pytest.approx(16 * PER_SEQUENCE_STEP_S)
+
+
+def test_the_per_sequence_cost_bounds_an_engines_decode_rate_whatever_the_batch():
+    d = Deployment(model_preset("llama-3.1-8b"), gpu_preset("h100-sxm"))
+    rates = [b / d.decode_step_seconds(b, 1) for b in (1, 16, 64, 256, 1024)]
+    assert rates == sorted(rates)  # batching still pays
+    assert rates[-1] < 1 / PER_SEQUENCE_STEP_S
+
+
+def test_a_negative_per_sequence_cost_is_refused_by_name():
+    with pytest.raises(PresetError, match="per-sequence step cost must be >= 0 s, got -1e-06"):
+        Deployment(model_preset("llama-3.1-8b"), gpu_preset("h100-sxm"), per_sequence_step_s=-1e-6)
 
 
 def test_prefill_time_per_token_falls_as_the_batch_fills_until_compute_bound():
