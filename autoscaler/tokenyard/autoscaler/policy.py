@@ -132,8 +132,11 @@ class PolicyConfig:
     panic_threshold: float = 2.0
     # No change while every signal is within +-tolerance of its target (HPA: 0.1).
     tolerance: float = 0.1
-    scale_up_limit: RateLimit = RateLimit(groups=4, percent=100.0, period_seconds=15.0)
-    scale_down_limit: RateLimit = RateLimit(groups=1, percent=0.0, period_seconds=60.0)
+    # The defaults here are the InferenceAutoscaler CRD's (tokenyard.core.types), so that a policy built in a
+    # test or a benchmark without a spec behaves as a user's default resource does (a unit test holds them
+    # together).
+    scale_up_limit: RateLimit = RateLimit(groups=4, percent=0.0, period_seconds=60.0)
+    scale_down_limit: RateLimit = RateLimit(groups=1, percent=0.0, period_seconds=120.0)
     # Scale down only to the highest recommendation over this window (HPA: 300 s).
     scale_down_stabilization_seconds: float = 300.0
     # Scale up only to the lowest recommendation over this window (HPA: 0, off).
@@ -142,7 +145,7 @@ class PolicyConfig:
     scale_up_consecutive: int = 2
     # Time from asking for a group to the group serving (model load); the policy scales
     # for the load it projects this far ahead when a signal is rising.
-    cold_start_seconds: float = 0.0
+    cold_start_seconds: float = 120.0
     # A signal whose newest sample is older than this is stale: hold, never scale down.
     stale_after_seconds: float = 60.0
 

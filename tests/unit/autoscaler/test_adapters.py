@@ -23,7 +23,13 @@ from tokenyard.autoscaler.controller import (
     target_counts,
     without_stale_values,
 )
-from tokenyard.autoscaler.policy import Direction, ScalingDecision, SignalKind, SignalReading
+from tokenyard.autoscaler.policy import (
+    Direction,
+    PolicyConfig,
+    ScalingDecision,
+    SignalKind,
+    SignalReading,
+)
 from tokenyard.autoscaler.prometheus import QueryTemplateError, signal_query
 from tokenyard.core.prometheus import Reading, parse_query_response
 from tokenyard.core.types import InferenceAutoscalerSpec
@@ -128,6 +134,14 @@ SPEC = {
     "signals": [{"kind": "KVCacheUsage", "target": 0.7}, {"kind": "QueuedTokens", "target": 2000}],
     "scaleDown": {"maxGroups": 1, "periodSeconds": 60, "stabilizationWindowSeconds": 0},
 }
+
+
+def test_the_policys_own_defaults_are_the_crds():
+    """A policy built without a spec (a test, a benchmark) behaves as a user's default InferenceAutoscaler."""
+    bare = {key: SPEC[key] for key in ("scaleTargetRef", "maxReplicas")}
+    from_spec = policy_config_from_spec(InferenceAutoscalerSpec.parse(bare))
+    defaults = PolicyConfig(signals=from_spec.signals, max_groups=from_spec.max_groups)
+    assert from_spec == defaults
 
 
 def test_spec_maps_onto_the_policy_configuration():

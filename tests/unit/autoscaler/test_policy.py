@@ -11,6 +11,7 @@ from tokenyard.autoscaler.policy import (
     Observation,
     Policy,
     PolicyConfig,
+    RateLimit,
     Sample,
     SampleWindow,
     SignalKind,
@@ -24,7 +25,16 @@ INTERVAL = 5.0
 
 
 def config(**overrides) -> PolicyConfig:
-    base = dict(signals=(KV, QUEUE), min_groups=1, max_groups=20, scale_up_consecutive=2)
+    # this file's scenarios were written for a fast scale-up (4 groups or 100% per 15 s) and no cold start
+    base = dict(
+        signals=(KV, QUEUE),
+        min_groups=1,
+        max_groups=20,
+        scale_up_consecutive=2,
+        scale_up_limit=RateLimit(groups=4, percent=100.0, period_seconds=15.0),
+        scale_down_limit=RateLimit(groups=1, percent=0.0, period_seconds=60.0),
+        cold_start_seconds=0.0,
+    )
     base.update(overrides)
     return PolicyConfig(**base)
 
