@@ -173,6 +173,9 @@ def engine_options(time_scale: float, blocks: int):
         time_scale=time_scale,
         served_model_name=MODEL,
         num_gpu_blocks_override=blocks,
+        # vLLM with --enable-prompt-tokens-details, as a user would start it to try --prefix-feedback (a
+        # labelled variant); the shipped router does not read it
+        report_cached_tokens=True,
     )
 
 

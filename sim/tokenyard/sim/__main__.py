@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics-fault", choices=METRICS_FAULTS, default="none", help="break /metrics on purpose"
     )
+    serve.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens when above 0, as vLLM does with this flag",
+    )
     serve.add_argument("--log-level", default="INFO")
 
     pods = sub.add_parser("pods", help="serve the engine pods of a Kubernetes cluster on their pod IPs")
@@ -128,6 +133,7 @@ def _options_from_args(args: argparse.Namespace) -> EngineOptions:
         knobs=knobs,
         personality=args.personality,
         enable_metrics=True,
+        report_cached_tokens=args.enable_prompt_tokens_details,
     )
 
 

@@ -171,7 +171,7 @@ VLLM_FLAGS: tuple[Flag, ...] = (
     Flag(("--root-path",), "root_path", ignore=True),
     Flag(("--enable-auto-tool-choice",), "enable_auto_tool_choice", "bool", ignore=True),
     Flag(("--tool-call-parser",), "tool_call_parser", ignore=True),
-    Flag(("--enable-prompt-tokens-details",), "enable_prompt_tokens_details", "bool", ignore=True),
+    Flag(("--enable-prompt-tokens-details",), "enable_prompt_tokens_details", "bool"),
 )
 
 # SGLang v0.5.x (lmsysorg/sglang): `python3 -m sglang.launch_server` = ServerArgs.add_cli_args in
@@ -230,7 +230,7 @@ SGLANG_FLAGS: tuple[Flag, ...] = (
     Flag(("--api-key",), "api_key", ignore=True),  # the simulator does not check keys
     Flag(("--served-model-name",), "served_model_name"),
     Flag(("--chat-template",), "chat_template", ignore=True),
-    Flag(("--enable-cache-report",), "enable_cache_report", "true", ignore=True),
+    Flag(("--enable-cache-report",), "enable_cache_report", "true"),
     Flag(("--tool-call-parser",), "tool_call_parser", ignore=True),
     Flag(("--reasoning-parser",), "reasoning_parser", ignore=True),
     # Data parallelism
@@ -480,6 +480,7 @@ def _vllm_options(program: Program, values: dict[str, Any], default_port: int | 
         enable_chunked_prefill=values.get("enable_chunked_prefill", True),  # always chunked in V1
         headless=values.get("headless", False),
         enable_metrics=True,
+        report_cached_tokens=values.get("enable_prompt_tokens_details", False),
         **({} if memory is None else {"gpu_memory_utilization": memory}),
     )
 
@@ -507,6 +508,7 @@ def _sglang_options(program: Program, values: dict[str, Any], default_port: int 
         enable_chunked_prefill=not (chunk is not None and chunk <= 0),
         enable_prefix_caching=not values.get("disable_radix_cache", False),
         enable_metrics=values.get("enable_metrics", False),
+        report_cached_tokens=values.get("enable_cache_report", False),
         headless=False,
         **({} if memory is None else {"gpu_memory_utilization": memory}),
     )

@@ -122,6 +122,11 @@ class EngineOptions:
     kv_cache_dtype: str = "auto"
     weight_dtype_bytes: float | None = None  # None: the model's (bf16); 1 for an FP8 checkpoint
     enable_metrics: bool = True  # SGLang serves /metrics only with --enable-metrics
+    # usage.prompt_tokens_details.cached_tokens in responses: vLLM v0.13.0 adds it only with
+    # --enable-prompt-tokens-details and only when the count is above 0 (entrypoints/openai/serving_completion.py
+    # and serving_chat.py: `if self.enable_prompt_tokens_details and num_cached_tokens`); SGLang only with
+    # --enable-cache-report, and also only above 0 (UsageProcessor._details_if_cached). Off, as in both.
+    report_cached_tokens: bool = False
     headless: bool = False  # vLLM --headless: a worker node that serves no API
     nnodes: int = 1
     node_rank: int = 0

@@ -574,12 +574,15 @@ class SimEngine:
 
     def _usage(self, s: _Stream) -> dict[str, Any]:
         prompt = s.request.num_prompt_tokens
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt,
             "total_tokens": prompt + s.num_tokens,
             "completion_tokens": s.num_tokens,
-            "prompt_tokens_details": {"cached_tokens": s.request.num_cached_tokens or 0},
         }
+        # as the engines do (EngineOptions.report_cached_tokens): asked for, and only when some were cached
+        if self.options.report_cached_tokens and s.request.num_cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": s.request.num_cached_tokens}
+        return usage
 
     def _full_body(self, s: _Stream, kind: str, response_id: str, created: int) -> dict[str, Any]:
         if kind == "chat":

@@ -49,7 +49,13 @@ async def wait_for(
 
 async def start_engine(time_scale: float = 0.05, port: int = 0, **knobs) -> SimEngine:
     engine = SimEngine(
-        EngineOptions(port=port, time_scale=time_scale, served_model_name=MODEL, knobs=FaultKnobs(**knobs))
+        EngineOptions(
+            port=port,
+            time_scale=time_scale,
+            served_model_name=MODEL,
+            knobs=FaultKnobs(**knobs),
+            report_cached_tokens=True,  # as vLLM with --enable-prompt-tokens-details (the router passes it on)
+        )
     )
     await engine.start()
     return engine

@@ -101,7 +101,7 @@ async def test_queueing_shows_in_num_requests_waiting(start_engine, http):
 
 
 async def test_the_official_openai_client_works_streaming_and_not(start_engine):
-    engine = await start_engine(time_scale=0.1, max_model_len=1000)
+    engine = await start_engine(time_scale=0.1, max_model_len=1000, report_cached_tokens=True)
     client = openai.AsyncOpenAI(base_url=engine.url + "/v1", api_key="unused")
     try:
         models = await client.models.list()
@@ -110,6 +110,7 @@ async def test_the_official_openai_client_works_streaming_and_not(start_engine):
         completion = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=7)
         assert completion.choices[0].finish_reason == "length"
         assert completion.usage.completion_tokens == 7 and completion.usage.prompt_tokens == 160
+        assert completion.usage.prompt_tokens_details is None  # nothing cached: vLLM leaves the details out
         again = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=7)
         assert again.usage.prompt_tokens_details.cached_tokens == 144
 
@@ -326,12 +327,33 @@ async def test_dozens_of_engines_share_one_loop(start_engine, http):
     assert len({e.url for e in engines}) == 24
 
 
+def cached_tokens(usage: dict) -> int:
+    """What the engine says was cached: no details (the engines leave them out at 0) is none."""
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+
+async def test_cached_tokens_are_reported_only_when_asked_for_as_the_engines_do(start_engine, http):
+    body = {"prompt": "a prompt long enough to fill blocks " * 20, "max_tokens": 1}
+    quiet, reporting = (
+        await start_engine(time_scale=0.1),
+        await start_engine(time_scale=0.1, report_cached_tokens=True),
+    )
+    usages = {}
+    for name, engine in (("quiet", quiet), ("reporting", reporting)):
+        for round_ in range(2):
+            async with http.post(engine.url + "/v1/completions", json=body) as r:
+                usages[name, round_] = (await r.json())["usage"]
+    assert "prompt_tokens_details" not in usages["quiet", 1]  # vLLM without --enable-prompt-tokens-details
+    assert "prompt_tokens_details" not in usages["reporting", 0]  # nothing cached yet: left out, not 0
+    assert usages["reporting", 1]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
 async def test_sglang_side_endpoints_and_flush_cache(start_engine, http):
-    engine = await start_engine(time_scale=0.1)
+    engine = await start_engine(time_scale=0.1, report_cached_tokens=True)
     body = {"prompt": "a prompt long enough to fill blocks " * 20, "max_tokens": 1}
     for _ in range(2):
         async with http.post(engine.url + "/v1/completions", json=body) as r:
-            cached = (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"]
+            cached = cached_tokens((await r.json())["usage"])
     assert cached > 0
     async with http.get(engine.url + "/get_server_info") as r:
         info = await r.json()
@@ -341,4 +363,4 @@ async def test_sglang_side_endpoints_and_flush_cache(start_engine, http):
     async with http.post(engine.url + "/flush_cache") as r:
         assert r.status == 200
     async with http.post(engine.url + "/v1/completions", json=body) as r:
-        assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert cached_tokens((await r.json())["usage"]) == 0

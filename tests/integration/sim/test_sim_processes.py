@@ -165,7 +165,10 @@ async def test_sglang_router_cache_aware_policy_routes_repeated_prefixes_to_the_
     start_engine, tmp_path
 ):
     pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
-    engines = [await start_engine(time_scale=0.05, served_model_name="sim-llama") for _ in range(2)]
+    engines = [
+        await start_engine(time_scale=0.05, served_model_name="sim-llama", report_cached_tokens=True)
+        for _ in range(2)
+    ]
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_PROXY": "*"}
     router = subprocess.Popen(
@@ -194,7 +197,8 @@ async def test_sglang_router_cache_aware_policy_routes_repeated_prefixes_to_the_
                     body = {"model": "sim-llama", "prompt": prefix + f"question {_round}", "max_tokens": 2}
                     async with session.post(url + "/v1/completions", json=body) as r:
                         assert r.status == 200, await r.text()
-                        cached.append((await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"])
+                        details = (await r.json())["usage"].get("prompt_tokens_details") or {}
+                        cached.append(details.get("cached_tokens", 0))
             per_engine = [await scrape(session, e.url) for e in engines]
     finally:
         stop_process(router, timeout=10)

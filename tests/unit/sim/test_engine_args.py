@@ -270,6 +270,8 @@ def test_the_operators_sglang_command_line():
         ([], "port", 30000),
         ([], "host", "127.0.0.1"),
         ([], "enable_metrics", False),  # SGLang serves /metrics only with --enable-metrics
+        ([], "report_cached_tokens", False),
+        (["--enable-cache-report"], "report_cached_tokens", True),
         (["--tp", "2"], "tp", 2),
         (["--tensor-parallel-size=2"], "tp", 2),
         (["--pipeline-parallel-size", "2"], "pp", 2),
@@ -288,6 +290,19 @@ def test_the_operators_sglang_command_line():
 )
 def test_sglang_flag_forms(args, field, value):
     assert getattr(sglang(*args), field) == value
+
+
+@pytest.mark.parametrize(
+    ("args", "reported"),
+    [([], False), (["--enable-prompt-tokens-details"], True), (["--no-enable-prompt-tokens-details"], False)],
+)
+def test_vllm_reports_cached_tokens_only_when_asked(args, reported):
+    assert (
+        engine_options_from_argv(
+            ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", *args]
+        ).report_cached_tokens
+        is reported
+    )
 
 
 def test_sglang_needs_a_model_path():
