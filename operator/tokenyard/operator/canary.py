@@ -211,9 +211,10 @@ class PrometheusAnalysis:
         counted = [measured.canary, measured.stable]
         if not all(isinstance(c, ProportionCounts) and c.requests is not None for c in counted):
             return measured  # nothing to spread: the totals already make the verdict inconclusive
-        step_scope = replace(scope, window=f"{max(1, math.ceil(timeline.interval))}s")
-        total, bad = proportion_queries(metric.kind, metric.slo_seconds, step_scope)
         start, end, step = timeline.range()
+        # each point is the increase over the step that ends at it: the intervals tile the timeline
+        step_scope = replace(scope, window=f"{math.ceil(step)}s")
+        total, bad = proportion_queries(metric.kind, metric.slo_seconds, step_scope)
         totals = await self._matrix(client, total, start, end, step)
         bads = await self._matrix(client, bad, start, end, step)
         split = {r: split_intervals(totals, bads, r, timeline.since) for r in (canary, stable)}
@@ -300,7 +301,9 @@ class Timeline:
         and of the window itself: each point is the increase over the interval that ends at it, and one point
         falls exactly on ``since``."""
         # Prometheus refuses a range query of more than 11,000 points: a longer timeline gets longer intervals.
-        step = max(1.0, self.interval, math.ceil((HISTORY_SECONDS + self.now - self.since) / 10_000))
+        step = float(
+            max(1, math.ceil(self.interval), math.ceil((HISTORY_SECONDS + self.now - self.since) / 10_000))
+        )
         before = max(1, int(HISTORY_SECONDS // step))
         after = max(0, int((self.now - self.since) // step))
         return self.since - (before - 1) * step, self.since + after * step, step

@@ -416,3 +416,27 @@ def test_counts_split_at_the_window_start_per_revision():
     # no bad-request point: none; more bad requests than requests (extrapolation): capped; empty intervals left out
     assert before == ((100.0, 1.0), (80.0, 0.0)) and after == ((90.0, 90.0),)
     assert split_intervals(totals, bads, "canary", since=60.0) == ((), ((20.0, 0.0), (25.0, 0.0)))
+
+
+class RangeRecordingClient(FakeClient):
+    """Every instant query reads 600 requests of each revision; range queries are recorded."""
+
+    def __init__(self):
+        super().__init__(
+            answer("q", [{"metric": {"revision": r}, "value": [0, "600"]} for r in ("rev-a", "rev-b")])
+        )
+        self.ranges = []
+
+    async def query_range(self, query, start, end, step):
+        self.ranges.append((query, start, end, step))
+        return MatrixReading(())
+
+
+def test_each_interval_is_the_increase_over_one_step_of_the_range():
+    analysis = ReadingAnalysis(None)
+    analysis.fake = RangeRecordingClient()
+    judge(analysis)
+    assert len(analysis.fake.ranges) == 2  # requests and errors, per interval, in one query each
+    for query, start, end, step in analysis.fake.ranges:
+        assert step == 30 and f"[{step:.0f}s]" in query
+        assert end == 60 and (end - start) / step == HISTORY_SECONDS / 30 + 1
