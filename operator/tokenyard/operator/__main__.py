@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The operator's metrics on the registry the metrics server exposes (with the process collectors).
     handlers.RUNTIME.metrics = OperatorMetrics(REGISTRY)
+    handlers.RUNTIME.namespaced = bool(args.namespace)
 
     standalone = args.peering is None
     # kopf.run installs SIGTERM/SIGINT handlers and stops the handlers gracefully.

@@ -77,6 +77,14 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         "rollout analysis reads %s", ours.prometheus_url or "no Prometheus (every analysis is inconclusive)"
     )
     RUNTIME.start(ours, k8s.ApiClient())
+    if RUNTIME.namespaced:
+        try:
+            await RUNTIME.watch_cluster_pods(first_list_timeout=30)
+        except TimeoutError:
+            log.warning(
+                "no list of the pods of all namespaces within 30 s (RBAC?); until one succeeds, GPUs held by "
+                "pods outside the watched namespaces count as free"
+            )
     if RUNTIME.pools.enabled:
         try:  # say at start-up whether InferencePools will be published; each reconcile re-checks on a timer
             await RUNTIME.pools.served()
@@ -102,6 +110,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 
 @kopf.on.cleanup()
 async def close(**_: Any) -> None:
+    await RUNTIME.stop_watching_cluster_pods()
     if RUNTIME.api is not None:
         await RUNTIME.api.close()
 
@@ -155,8 +164,10 @@ async def run_deployment(
 ) -> None:
     key = (namespace, name)
     wake = RUNTIME.wakeup(key)
-    # Kopf's indexes are live mappings: the view reads them again whenever asked.
-    cluster = ClusterView(nodes, pod_gpus, RUNTIME.ledger)
+    # Kopf's indexes are live mappings: the view reads them again whenever asked. A namespaced operator's
+    # `pod_gpus` index misses other namespaces' pods, whose GPUs the placement must not plan on.
+    held = RUNTIME.cluster_pods if RUNTIME.cluster_pods is not None else pod_gpus
+    cluster = ClusterView(nodes, held, RUNTIME.ledger)
     events = Events(body)
     loop = asyncio.get_running_loop()
     # Errors do not leave this loop: raising (even kopf.TemporaryError) would end the daemon, and Kopf would

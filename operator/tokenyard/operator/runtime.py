@@ -5,9 +5,11 @@ start-up (`handlers.configure`) and handed to what applies the plans (`apply_pla
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from kubernetes_asyncio import client as k8s
 from tokenyard.operator.canary import PrometheusAnalysis
+from tokenyard.operator.cluster_pods import PodGpuTable, watch_pod_gpus
 from tokenyard.operator.group_placement import CapacityWarnings
 from tokenyard.operator.kube_writes import InferencePools, KubeWrites
 from tokenyard.operator.ledger import GpuLedger
@@ -37,6 +39,11 @@ class Runtime:
         # (namespace, deployment) -> the shape of its groups: best fit protects, and stranded GPUs are measured
         # against, the shapes of every deployment this operator runs, not only the one reconciling.
         self.shapes: dict[tuple[str, str], GroupShape] = {}
+        # Set by `python -m tokenyard.operator --namespace ...`: Kopf then watches pods only in those namespaces,
+        # and the GPUs of every other namespace's pods come from a watch of our own (`cluster_pods`).
+        self.namespaced = False
+        self.cluster_pods: PodGpuTable | None = None
+        self._cluster_pods_task: asyncio.Task | None = None
 
     def start(self, settings: OperatorSettings, api: k8s.ApiClient) -> None:
         self.settings = settings
@@ -50,6 +57,19 @@ class Runtime:
             recheck_seconds=settings.resync_seconds,
             enabled=settings.inference_pool != "off",
         )
+
+    async def watch_cluster_pods(self, first_list_timeout: float) -> None:
+        """Start the watch of every namespace's pods and wait (up to the timeout) for its first list."""
+        assert self.api is not None
+        self.cluster_pods = PodGpuTable()
+        self._cluster_pods_task = asyncio.create_task(watch_pod_gpus(self.api, self.cluster_pods))
+        await asyncio.wait_for(self.cluster_pods.synced.wait(), first_list_timeout)
+
+    async def stop_watching_cluster_pods(self) -> None:
+        if self._cluster_pods_task is not None:
+            self._cluster_pods_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._cluster_pods_task
 
     @property
     def writes(self) -> KubeWrites:
