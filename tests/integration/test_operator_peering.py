@@ -19,7 +19,8 @@ PEERING = "tokenyard"
 LIFETIME_SECONDS = 8
 
 
-def _ready_pods(core, namespace):
+def _live_pods(core, namespace):
+    """The deployment's pods not being deleted (Pending ones included: the message below says how many)."""
     pods = core.list_namespaced_pod(namespace, label_selector=f"{labels.MODEL_DEPLOYMENT}=pair").items
     return [p for p in pods if not p.metadata.deletion_timestamp]
 
@@ -29,13 +30,14 @@ def _groups_ready(custom, core, namespace, count):
         status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "pair").get(
             "status", {}
         )
-        pods = _ready_pods(core, namespace)
+        pods = _live_pods(core, namespace)
         ready = [g for g in status.get("groups", []) if g["phase"] == "Ready"]
         if len(ready) == count and status.get("replicas") == count and len(pods) == count:
             return pods
         # raised, not returned: the timeout's message then says where it stood
         raise AssertionError(
-            f"{len(ready)} Ready group(s) of {count}, {len(pods)} ready pod(s), conditions "
+            f"{len(ready)} Ready group(s) of {count}, {len(pods)} live pod(s) "
+            f"({[(p.metadata.name, p.status.phase) for p in pods]}), conditions "
             f"{[(c.get('type'), c.get('status'), c.get('message')) for c in status.get('conditions', [])]}"
         )
 
