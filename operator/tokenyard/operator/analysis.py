@@ -355,6 +355,24 @@ def overdispersion(
 
 # Lags of the history's estimate: an hour of 30 s intervals has room to see a clump of a few minutes.
 _HISTORY_LAGS = 16
+# Fewer intervals of history than this (a quarter of an hour at 30 s) say too little: only the window's own
+# intervals are used.
+_MIN_HISTORY_INTERVALS = 30
+# The volatility is an estimate from one hour, and too small a one rolls back healthy canaries: the test uses
+# the upper end of its 90% confidence interval (below).
+_VOLATILITY_CONFIDENCE_Z = 1.2816  # the standard normal's 90th percentile
+
+
+def _upper_bound_factor(intervals: int, lags: int) -> float:
+    """How much larger than a Bartlett long-run variance over ``intervals`` with ``lags`` lags its 90% upper
+    confidence bound is: the estimate is about χ²-distributed with ν = 3·intervals/(lags + 1) degrees of freedom
+    (Priestley, "Spectral Analysis and Time Series", 1981: the Bartlett window's equivalent degrees of
+    freedom), so the bound is ν / χ²_ν(0.1), the quantile by Wilson and Hilferty's approximation. About 1.6 for
+    an hour of 30 s intervals; it shrinks towards 1 as the history grows."""
+    nu = 3.0 * intervals / (lags + 1)
+    spread = math.sqrt(2.0 / (9.0 * nu))
+    lower_quantile = nu * max(1e-3, 1.0 - 2.0 / (9.0 * nu) - _VOLATILITY_CONFIDENCE_Z * spread) ** 3
+    return max(1.0, nu / lower_quantile)
 
 
 def relative_volatility(history: Sequence[tuple[float, float]]) -> float:
@@ -370,14 +388,15 @@ def relative_volatility(history: Sequence[tuple[float, float]]) -> float:
 @functools.lru_cache(maxsize=64)
 def _relative_volatility(history: tuple[tuple[float, float], ...]) -> float:
     used = [(n, f) for n, f in history if n > 0 and math.isfinite(n) and math.isfinite(f)]
-    if not used:
+    if len(used) < _MIN_HISTORY_INTERVALS:
         return 0.0
     total = sum(n for n, _ in used)
     rate = sum(f for _, f in used) / total
     if not 0.0 < rate < 1.0:
         return 0.0
     per_interval = total / len(used)
-    return (overdispersion(used, _HISTORY_LAGS) - 1.0) * (1.0 - rate) / (per_interval * rate)
+    excess = (overdispersion(used, _HISTORY_LAGS) - 1.0) * _upper_bound_factor(len(used), _HISTORY_LAGS)
+    return excess * (1.0 - rate) / (per_interval * rate)
 
 
 def dispersion_factor(counts: ProportionCounts, rate: float, volatility: float) -> float:

@@ -16,6 +16,7 @@ from tokenyard.operator.analysis import (
     PairedCounts,
     ProportionCounts,
     _proportion_alternatives,
+    _upper_bound_factor,
     binomial_mixture_log_lr,
     compare_means,
     compare_paired,
@@ -463,3 +464,15 @@ def test_a_steady_regression_is_still_caught_with_a_calm_history():
     stable = ProportionCounts(9600, sum(f for _, f in stable_intervals), stable_intervals)
     verdict = compare_proportions("errors", canary, stable, SETTINGS, history=history)
     assert verdict.decision is AnalysisDecision.FAIL, verdict.reason
+
+
+def test_a_short_history_says_nothing_and_a_longer_one_needs_less_margin():
+    rng = random.Random(13)
+    clumped = clumped_intervals(rng, 120, 600, 0.005, 0.05, 10)
+    assert (
+        relative_volatility(clumped[:29]) == 0.0
+    )  # under a quarter of an hour: the window's own intervals only
+    assert relative_volatility(clumped[:60]) > 0.0
+    factors = [_upper_bound_factor(k, 16) for k in (30, 120, 360, 1440)]
+    assert factors == sorted(factors, reverse=True) and factors[-1] > 1.0
+    assert 1.4 < _upper_bound_factor(120, 16) < 1.8  # an hour of 30 s intervals
