@@ -16,15 +16,15 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-import aiohttp
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import watch
-from kubernetes_asyncio.client.exceptions import ApiException
 from tokenyard.operator.indexes import pod_gpus_entry
 
 log = logging.getLogger("tokenyard.operator")
 
 RETRY_SECONDS = 2.0
+LIST_TIMEOUT_SECONDS = 60
+WATCH_SECONDS = 120
 
 
 def _entry(pod: Mapping[str, Any]) -> tuple[str, tuple[str, int]] | None:
@@ -83,24 +83,58 @@ class PodGpuTable(Mapping[str, list[tuple[str, int]]]):
         return len(self._by_node)
 
 
+class TableOnceSynced(Mapping[str, list[tuple[str, int]]]):
+    """The table once its first list has arrived, `fallback` (Kopf's index of the watched namespaces) before:
+    read at every access, so a reconcile loop started before the first list moves over when it lands."""
+
+    def __init__(self, table: PodGpuTable, fallback: Mapping[str, Any]):
+        self._table = table
+        self._fallback = fallback
+
+    def _current(self) -> Mapping[str, Any]:
+        return self._table if self._table.synced.is_set() else self._fallback
+
+    def __getitem__(self, node: str) -> Any:
+        return self._current()[node]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._current())
+
+    def __len__(self) -> int:
+        return len(self._current())
+
+
 async def watch_pod_gpus(api: k8s.ApiClient, table: PodGpuTable) -> None:
-    """List then watch the pods of every namespace into `table`, relisting after any failure, until cancelled."""
+    """List then watch the pods of every namespace into `table` until cancelled. A watch that ends (the server's
+    timeout) resumes from the last resourceVersion seen; anything else (410 Gone, an API server away, a decode
+    error) is logged and followed by a fresh list."""
     core = k8s.CoreV1Api(api)
+    version: str | None = None
     while True:
         try:
-            response = await core.list_pod_for_all_namespaces(_preload_content=False)
-            listed = json.loads(await response.read())
-            table.replace(listed.get("items", []))
-            version = listed["metadata"]["resourceVersion"]
+            if version is None:
+                response = await core.list_pod_for_all_namespaces(
+                    _preload_content=False, _request_timeout=LIST_TIMEOUT_SECONDS
+                )
+                listed = json.loads(await response.read())
+                table.replace(listed.get("items", []))
+                version = listed["metadata"]["resourceVersion"]
             async with watch.Watch() as stream:
+                # the client-side timeout outlasts the server's, so a dead connection cannot hang the watch
                 async for event in stream.stream(
-                    core.list_pod_for_all_namespaces, resource_version=version, timeout_seconds=120
+                    core.list_pod_for_all_namespaces,
+                    resource_version=version,
+                    timeout_seconds=WATCH_SECONDS,
+                    _request_timeout=WATCH_SECONDS + 30,
                 ):
-                    if event["type"] == "ERROR":
-                        break  # 410 Gone and the like: list again
+                    # kubernetes_asyncio raises ApiException on an ERROR event (410 Gone included)
                     table.apply(event["type"], event["raw_object"])
+                    version = event["raw_object"].get("metadata", {}).get("resourceVersion", version)
         except asyncio.CancelledError:
             raise
-        except (ApiException, OSError, aiohttp.ClientError, ValueError, KeyError) as e:
-            log.warning(f"watch of the pods of all namespaces failed ({e}); GPU accounting relists in 2 s")
+        except Exception as e:  # noqa: BLE001 - whatever broke the watch, the table must be listed again
+            version = None
+            log.warning(
+                f"watch of the pods of all namespaces failed ({e!r}); GPU accounting relists in {RETRY_SECONDS:g} s"
+            )
             await asyncio.sleep(RETRY_SECONDS)

@@ -82,8 +82,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
             await RUNTIME.watch_cluster_pods(first_list_timeout=30)
         except TimeoutError:
             log.warning(
-                "no list of the pods of all namespaces within 30 s (RBAC?); until one succeeds, GPUs held by "
-                "pods outside the watched namespaces count as free"
+                "no list of the pods of all namespaces within 30 s (RBAC?); until one succeeds, placement counts "
+                "only the GPUs of the watched namespaces' pods (other namespaces' pods hold GPUs it cannot see)"
             )
     if RUNTIME.pools.enabled:
         try:  # say at start-up whether InferencePools will be published; each reconcile re-checks on a timer
@@ -166,7 +166,7 @@ async def run_deployment(
     wake = RUNTIME.wakeup(key)
     # Kopf's indexes are live mappings: the view reads them again whenever asked. A namespaced operator's
     # `pod_gpus` index misses other namespaces' pods, whose GPUs the placement must not plan on.
-    held = RUNTIME.cluster_pods if RUNTIME.cluster_pods is not None else pod_gpus
+    held = RUNTIME.pod_gpus_view(pod_gpus)
     cluster = ClusterView(nodes, held, RUNTIME.ledger)
     events = Events(body)
     loop = asyncio.get_running_loop()

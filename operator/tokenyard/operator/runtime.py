@@ -5,17 +5,21 @@ start-up (`handlers.configure`) and handed to what applies the plans (`apply_pla
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes_asyncio import client as k8s
 from tokenyard.operator.canary import PrometheusAnalysis
-from tokenyard.operator.cluster_pods import PodGpuTable, watch_pod_gpus
+from tokenyard.operator.cluster_pods import PodGpuTable, TableOnceSynced, watch_pod_gpus
 from tokenyard.operator.group_placement import CapacityWarnings
 from tokenyard.operator.kube_writes import InferencePools, KubeWrites
 from tokenyard.operator.ledger import GpuLedger
 from tokenyard.operator.metrics import OperatorMetrics
 from tokenyard.operator.placement import GroupShape
 from tokenyard.operator.settings import OperatorSettings
+
+log = logging.getLogger("tokenyard.operator")
 
 
 class Runtime:
@@ -65,11 +69,25 @@ class Runtime:
         self._cluster_pods_task = asyncio.create_task(watch_pod_gpus(self.api, self.cluster_pods))
         await asyncio.wait_for(self.cluster_pods.synced.wait(), first_list_timeout)
 
+    def pod_gpus_view(self, kopf_index: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The pod GPUs placement should count: every namespace's once our own watch has listed them, Kopf's
+        index of the watched namespaces until then (an empty table would call every node free)."""
+        if self.cluster_pods is None:
+            return kopf_index
+        return TableOnceSynced(self.cluster_pods, kopf_index)
+
     async def stop_watching_cluster_pods(self) -> None:
-        if self._cluster_pods_task is not None:
-            self._cluster_pods_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._cluster_pods_task
+        """Stop the watch; called from Kopf's cleanup, so whatever the task died of is logged, never raised."""
+        task, self._cluster_pods_task = self._cluster_pods_task, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:  # noqa: BLE001 - shutting down: say it, go on closing
+            log.warning(f"the watch of every namespace's pods had failed: {e!r}")
 
     @property
     def writes(self) -> KubeWrites:

@@ -1,9 +1,13 @@
 """cluster_pods: the GPUs held by the pods of every namespace, kept from list and watch events."""
 
+import asyncio
+import logging
+
 from tokenyard.core import labels as keys
-from tokenyard.operator.cluster_pods import PodGpuTable
+from tokenyard.operator.cluster_pods import PodGpuTable, TableOnceSynced
 from tokenyard.operator.ledger import GpuLedger
 from tokenyard.operator.node_view import nodes_from
+from tokenyard.operator.runtime import Runtime
 
 
 def pod(name, namespace="other", node="n1", gpus=4, phase="Running"):
@@ -54,3 +58,30 @@ def test_the_planner_sees_gpus_held_in_other_namespaces():
     summary = {"name": "n1", "labels": {}, "gpus": 8, "ready": True, "schedulable": True}
     (node,) = nodes_from([summary], table, GpuLedger(), now=0.0)
     assert node.gpu_used == 5
+
+
+def test_until_the_first_list_lands_placement_reads_kopfs_index_then_the_table():
+    table = PodGpuTable()
+    kopf_index = {"n1": [("mine/a", 2)]}
+    view = TableOnceSynced(table, kopf_index)
+    table.apply("ADDED", pod("early", node="n2"))  # a watch event before any list: not yet trusted
+    assert dict(view) == kopf_index
+    table.replace([pod("holder", node="n3", gpus=6)])
+    assert dict(view) == {"n3": [("other/holder", 6)]}
+
+
+def test_stopping_a_watch_that_had_died_logs_instead_of_raising(caplog):
+    async def scenario():
+        runtime = Runtime()
+
+        async def broken() -> None:
+            raise RuntimeError("connection reset")
+
+        runtime._cluster_pods_task = asyncio.create_task(broken())
+        await asyncio.sleep(0)  # let it die
+        await runtime.stop_watching_cluster_pods()
+        await runtime.stop_watching_cluster_pods()  # and a second stop is harmless
+
+    with caplog.at_level(logging.WARNING, logger="tokenyard.operator"):
+        asyncio.run(scenario())
+    assert "connection reset" in caplog.text
