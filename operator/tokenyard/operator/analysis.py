@@ -399,14 +399,51 @@ def _relative_volatility(history: tuple[tuple[float, float], ...]) -> float:
     return excess * (1.0 - rate) / (per_interval * rate)
 
 
-def dispersion_factor(counts: ProportionCounts, rate: float, volatility: float) -> float:
-    """The factor a revision's binomial variance is widened by: the larger of what its own intervals in the
-    window show and what the service's volatility before the rollout predicts at its rate and traffic."""
-    own = overdispersion(counts.intervals)
-    if not counts.intervals or volatility <= 0 or not 0.0 < rate < 1.0:
-        return own
-    per_interval = (counts.requests or 0.0) / len(counts.intervals)
-    return max(own, 1.0 + per_interval * rate * volatility / (1.0 - rate))
+def _requests_per_interval(counts: ProportionCounts) -> float:
+    """The revision's mean requests per interval of the window; a window shorter than one interval is one."""
+    used = [n for n, _ in counts.intervals if n > 0 and math.isfinite(n)]
+    return sum(used) / len(used) if used else (counts.requests or 0.0)
+
+
+def _predicted(per_interval: float, rate: float, volatility: float) -> float:
+    """The dispersion a rate wandering with ``volatility`` gives a revision at ``per_interval`` requests."""
+    if volatility <= 0 or not 0.0 < rate < 1.0:
+        return 1.0
+    return 1.0 + per_interval * rate * volatility / (1.0 - rate)
+
+
+def _implied_volatility(factor: float, per_interval: float, rate: float) -> float:
+    """The volatility whose prediction at this traffic and rate is ``factor`` (the inverse of `_predicted`)."""
+    if factor <= 1.0 or per_interval <= 0 or not 0.0 < rate < 1.0:
+        return 0.0
+    return (factor - 1.0) * (1.0 - rate) / (per_interval * rate)
+
+
+def dispersion_factors(
+    canary: ProportionCounts,
+    stable: ProportionCounts,
+    canary_rate: float,
+    stable_rate: float,
+    volatility: float,
+) -> tuple[float, float]:
+    """The factors the canary's and the stable revision's binomial variances are widened by.
+
+    The stable revision's: the larger of what its own intervals in the window show and what the service's
+    volatility before the rollout (``relative_volatility``) predicts at its rate and traffic. The canary's:
+    the history's prediction at its rate and traffic, or what its own intervals show, but those only up to
+    what the stable revision's intervals in the same window would predict at the canary's traffic. Left
+    uncapped, a canary that starts failing half-way through the window would see its own regression as a
+    clump and widen its variance away: the step change is the very thing the test is looking for."""
+    stable_own = overdispersion(stable.intervals)
+    stable_per_interval = _requests_per_interval(stable)
+    stable_factor = max(stable_own, _predicted(stable_per_interval, stable_rate, volatility))
+    canary_per_interval = _requests_per_interval(canary)
+    window_volatility = _implied_volatility(stable_own, stable_per_interval, stable_rate)
+    canary_own = min(
+        overdispersion(canary.intervals), _predicted(canary_per_interval, canary_rate, window_volatility)
+    )
+    canary_factor = max(canary_own, _predicted(canary_per_interval, canary_rate, volatility))
+    return canary_factor, stable_factor
 
 
 # --- comparisons of two revisions over the same time ----------------------------------------------------
@@ -530,10 +567,10 @@ def compare_proportions(
     floor = 0.5 / (n_c + n_s)
     p_s0 = min(1.0 - floor, max(floor, (f_c + f_s - n_c * abs_) / (n_c * rel + n_s)))
     p_c0 = min(1.0 - floor, max(floor, rel * p_s0 + abs_))
-    volatility = relative_volatility(history)
-    variance = p_c0 * (1 - p_c0) / n_c * dispersion_factor(canary, p_c0, volatility) + rel * rel * p_s0 * (
-        1 - p_s0
-    ) / n_s * dispersion_factor(stable, p_s0, volatility)
+    canary_spread, stable_spread = dispersion_factors(
+        canary, stable, p_c0, p_s0, relative_volatility(history)
+    )
+    variance = p_c0 * (1 - p_c0) / n_c * canary_spread + rel * rel * p_s0 * (1 - p_s0) / n_s * stable_spread
     alternatives = _proportion_alternatives(settings, f_c + f_s, n_c, n_s, floor)
     worse = gaussian_alternatives_log_lr(estimate, variance, *alternatives)
     within = gaussian_alternatives_log_lr(-estimate, variance, *alternatives)
@@ -550,6 +587,8 @@ def compare_proportions(
         f"canary {label} {p_c:.2%} ({f_c:.0f}/{n_c:.0f}) vs stable {p_s:.2%} ({f_s:.0f}/{n_s:.0f}), "
         f"{settings.margin.describe(percent=True)}"
     )
+    if max(canary_spread, stable_spread) >= 1.05:
+        comparison += f" (bad requests come in clumps: variance x{canary_spread:.2f} canary, x{stable_spread:.2f} stable)"
     return _verdict_from_tests(
         metric=metric,
         worse_log_lr=worse,

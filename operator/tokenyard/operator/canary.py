@@ -206,18 +206,21 @@ class PrometheusAnalysis:
         canary: str,
     ) -> MetricInput:
         """The metric's counts split into the analysis' intervals (the window's, per revision, and the stable
-        revision's over the hour before it), so that the test sees whether bad requests come in clumps
-        (``analysis.overdispersion``). Two range queries per metric, whatever the number of intervals."""
+        revision's over the hour before it: the history includes any earlier canary steps, when the stable
+        revision served most requests as well), so that the test sees whether bad requests come in clumps
+        (``analysis.overdispersion``). Two range queries per metric, whatever the number of intervals.
+
+        A failed range query stops the look (inconclusive) like a failed instant query: judging bursty
+        failures with the binomial variance would roll back healthy canaries, and a rollout waits out a
+        Prometheus outage rather than act on half its data."""
         counted = [measured.canary, measured.stable]
         if not all(isinstance(c, ProportionCounts) and c.requests is not None for c in counted):
             return measured  # nothing to spread: the totals already make the verdict inconclusive
-        start, end, step = timeline.range()
-        # each point is the increase over the step that ends at it: the intervals tile the timeline
-        step_scope = replace(scope, window=f"{math.ceil(step)}s")
-        total, bad = proportion_queries(metric.kind, metric.slo_seconds, step_scope)
-        totals = await self._matrix(client, total, start, end, step)
-        bads = await self._matrix(client, bad, start, end, step)
-        split = {r: split_intervals(totals, bads, r, timeline.since) for r in (canary, stable)}
+        grid = timeline.grid()
+        total, other = counter_selectors(metric.kind, metric.slo_seconds, scope)
+        totals = await self._matrix(client, total.selector, grid)
+        others = await self._matrix(client, other.selector, grid)
+        split = {r: split_intervals(totals, others, r, grid, other.counts_good) for r in (canary, stable)}
         return replace(
             measured,
             canary=replace(measured.canary, intervals=split[canary][1]),
@@ -225,8 +228,8 @@ class PrometheusAnalysis:
             history=split[stable][0],
         )
 
-    async def _matrix(self, client, query: str, start: float, end: float, step: float) -> tuple[Series, ...]:
-        reading: MatrixReading = await client.query_range(query, start, end, step)
+    async def _matrix(self, client, query: str, grid: RangeGrid) -> tuple[Series, ...]:
+        reading: MatrixReading = await client.query_range(query, grid.start, grid.end, grid.step)
         if not reading.ok:
             raise QueryFailed(reading.problem)
         return reading.series
@@ -289,6 +292,25 @@ HISTORY_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
+class RangeGrid:
+    """The points of one range query: ``start + k·step`` for k = 0 .. ``points`` − 1. Interval k (k ≥ 1) runs
+    from point k − 1 to point k; intervals 1 .. ``last_before`` end by the window's start, the rest inside it."""
+
+    start: float
+    step: float
+    points: int
+    last_before: int
+
+    @property
+    def end(self) -> float:
+        return self.start + (self.points - 1) * self.step
+
+    def index(self, at: float) -> int:
+        """The grid point a returned timestamp stands for (Prometheus writes them rounded to the millisecond)."""
+        return round((at - self.start) / self.step)
+
+
+@dataclass(frozen=True)
 class Timeline:
     """The analysis window (``since`` to ``now``) and the interval its looks are spaced by."""
 
@@ -296,33 +318,67 @@ class Timeline:
     now: float
     interval: float
 
-    def range(self) -> tuple[float, float, float]:
-        """(start, end, step) of one range query whose points end the intervals of the hour before the window
-        and of the window itself: each point is the increase over the interval that ends at it, and one point
-        falls exactly on ``since``."""
+    def grid(self) -> RangeGrid:
+        """The range query's grid: one point exactly on ``since``, an hour of intervals before it and the whole
+        intervals of the window after it, plus the point before the first interval (to difference from)."""
         # Prometheus refuses a range query of more than 11,000 points: a longer timeline gets longer intervals.
         step = float(
             max(1, math.ceil(self.interval), math.ceil((HISTORY_SECONDS + self.now - self.since) / 10_000))
         )
         before = max(1, int(HISTORY_SECONDS // step))
         after = max(0, int((self.now - self.since) // step))
-        return self.since - (before - 1) * step, self.since + after * step, step
+        # the millisecond is what the query's start is written to: the grid must be the one Prometheus uses
+        since = round(self.since, 3)
+        return RangeGrid(
+            start=since - before * step, step=step, points=before + after + 1, last_before=before
+        )
+
+
+def interval_increases(series: Sequence[Series], revision: str, grid: RangeGrid) -> dict[int, float]:
+    """How much one revision's counters grew over each interval of the grid (by the index of the point that
+    ends it), summed over its series (one per router pod and label set).
+
+    Each series is differenced point to point, so the intervals tile the timeline whatever the scrape
+    interval: a point of a range query over a raw counter is its last sample at or before the point, and the
+    increase between two points is exactly what was counted between those two samples. (``increase()`` over
+    a range as long as the step extrapolates each window's first and last samples to its edges instead: with
+    a 15 s scrape and 30 s intervals it doubles every count, and with a scrape as long as the step it has
+    no two samples to work with.) A drop is a counter reset, read as ``increase()`` reads it: the new value
+    was all counted since. A series' first point is where its count starts from."""
+    grew: dict[int, float] = {}
+    for one in series:
+        if one.labels.get("revision", "") != revision:
+            continue
+        previous: float | None = None
+        for at, value in one.points:
+            if previous is not None:
+                k = grid.index(at)
+                grew[k] = grew.get(k, 0.0) + (value - previous if value >= previous else value)
+            previous = value
+    return grew
 
 
 def split_intervals(
-    totals: Sequence[Series], bads: Sequence[Series], revision: str, since: float
+    totals: Sequence[Series],
+    others: Sequence[Series],
+    revision: str,
+    grid: RangeGrid,
+    others_count_good: bool,
 ) -> tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]:
-    """One revision's (requests, bad requests) per interval: those that ended by ``since`` (before the window)
-    and those after it. An interval without requests is left out; one with requests and no series of bad
-    requests had none."""
-    requests = next((s.points for s in totals if s.labels.get("revision", "") == revision), ())
-    bad_at = dict(next((s.points for s in bads if s.labels.get("revision", "") == revision), ()))
+    """One revision's (requests, bad requests) per interval: those that ended by the window's start (the
+    history) and those inside the window. ``others`` are the bad requests' counters, or the good ones' when
+    ``others_count_good`` (a histogram's bucket at the SLO: bad = all − good). An interval without requests is
+    left out; one without any growth of ``others`` had no bad (or no good) request."""
+    requests = interval_increases(totals, revision, grid)
+    other = interval_increases(others, revision, grid)
     before, after = [], []
-    for at, count in requests:
+    for k in sorted(requests):
+        count = requests[k]
         if count <= 0:
             continue
-        pair = (count, min(count, max(0.0, bad_at.get(at, 0.0))))
-        (before if at <= since else after).append(pair)
+        bad = count - other.get(k, 0.0) if others_count_good else other.get(k, 0.0)
+        pair = (count, min(count, max(0.0, bad)))
+        (before if k <= grid.last_before else after).append(pair)
     return tuple(before), tuple(after)
 
 
@@ -366,6 +422,32 @@ def proportion_queries(kind: AnalysisMetricKind, slo: float | None, scope: Query
             "tokenyard_router_time_to_first_token_seconds_bucket", scope, "revision", f',le="{_le(slo)}"'
         )
         return total, f"({total}) - ({fast})"
+    raise ValueError(f"{kind} is not a proportion metric")
+
+
+@dataclass(frozen=True)
+class CounterSelector:
+    """A router counter's raw series (no function applied: ``interval_increases`` differences them)."""
+
+    selector: str
+    counts_good: bool = False  # the good requests (a histogram's bucket at the SLO), not the bad ones
+
+
+def counter_selectors(
+    kind: AnalysisMetricKind, slo: float | None, scope: QueryScope
+) -> tuple[CounterSelector, CounterSelector]:
+    """(all requests, bad or good requests) as raw counters, for the per-interval range queries."""
+    if kind == AnalysisMetricKind.ERROR_RATIO:
+        return (
+            CounterSelector(f"tokenyard_router_requests_total{{{scope.selector}}}"),
+            CounterSelector(f"tokenyard_router_errors_total{{{scope.selector}}}"),
+        )
+    if kind == AnalysisMetricKind.TTFT_OVER_SLO:
+        histogram = "tokenyard_router_time_to_first_token_seconds"
+        return (
+            CounterSelector(f"{histogram}_count{{{scope.selector}}}"),
+            CounterSelector(f'{histogram}_bucket{{{scope.selector},le="{_le(slo)}"}}', counts_good=True),
+        )
     raise ValueError(f"{kind} is not a proportion metric")
 
 

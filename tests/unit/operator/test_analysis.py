@@ -21,7 +21,7 @@ from tokenyard.operator.analysis import (
     compare_means,
     compare_paired,
     compare_proportions,
-    dispersion_factor,
+    dispersion_factors,
     evaluate,
     gaussian_alternatives_log_lr,
     overdispersion,
@@ -427,11 +427,26 @@ def test_the_history_gives_a_volatility_that_widens_each_revision_by_its_traffic
     volatility = relative_volatility(clumped_intervals(rng, 120, 600, 0.005, 0.05, 10))
     assert volatility > 0.5
     # more requests per interval, the same relative wandering of the rate: a larger factor
-    few = dispersion_factor(ProportionCounts(1200, 12, ((120, 1),) * 10), 0.01, volatility)
-    many = dispersion_factor(ProportionCounts(4800, 48, ((480, 5),) * 10), 0.01, volatility)
+    few, many = dispersion_factors(
+        ProportionCounts(1200, 12, ((120, 1),) * 10),
+        ProportionCounts(4800, 48, ((480, 5),) * 10),
+        0.01,
+        0.01,
+        volatility,
+    )
     assert 1.0 < few < many
-    # no intervals known: only the binomial variance (nothing to scale the volatility by)
-    assert dispersion_factor(ProportionCounts(1200, 12), 0.01, volatility) == 1.0
+    # the mean is over the intervals that had requests (a partial or empty one does not dilute it)
+    same, _ = dispersion_factors(
+        ProportionCounts(1250, 12, ((120, 1),) * 10 + ((50, 0),)),
+        ProportionCounts(0, 0),
+        0.01,
+        0.01,
+        volatility,
+    )
+    assert abs(same - few) / few < 0.06
+    # a window shorter than one interval is one interval: the history still widens it
+    short, _ = dispersion_factors(ProportionCounts(100, 1), ProportionCounts(400, 4), 0.01, 0.01, volatility)
+    assert short > 1.0
 
 
 def test_a_canary_burst_the_stable_pods_did_not_have_is_not_a_regression_when_failures_clump():
@@ -453,6 +468,36 @@ def test_a_canary_burst_the_stable_pods_did_not_have_is_not_a_regression_when_fa
 
 def replace_intervals(counts):
     return ProportionCounts(counts.requests, counts.events)
+
+
+def test_a_regression_that_starts_half_way_through_the_window_is_not_read_as_a_clump():
+    """The canary's own intervals jump from 1% to 5%: alone they look overdispersed, but the stable revision
+    in the same window is calm, so the canary's variance is not widened away and the step is caught."""
+    rng = random.Random(17)
+    history = tuple(independent_intervals(rng, 120, 600, 0.01))
+    canary_intervals = tuple(
+        independent_intervals(rng, 10, 200, 0.01) + independent_intervals(rng, 4, 200, 0.05)
+    )
+    stable_intervals = tuple(independent_intervals(rng, 14, 800, 0.01))
+    assert overdispersion(canary_intervals) > 2.0  # what an uncapped own estimate would have widened by
+    canary = ProportionCounts(2800, sum(f for _, f in canary_intervals), canary_intervals)
+    stable = ProportionCounts(11200, sum(f for _, f in stable_intervals), stable_intervals)
+    canary_spread, _ = dispersion_factors(canary, stable, 0.01, 0.01, relative_volatility(history))
+    assert canary_spread < 1.5
+    verdict = compare_proportions("errors", canary, stable, SETTINGS, history=history)
+    assert verdict.decision is AnalysisDecision.FAIL, verdict.reason
+
+
+def test_the_reason_says_when_clumps_widened_the_variance():
+    rng = random.Random(3)
+    history = tuple(clumped_intervals(rng, 120, 600, 0.005, 0.05, 10))
+    counts = ProportionCounts(960, 10, ((120, 1),) * 8)
+    verdict = compare_proportions(
+        "errors", counts, ProportionCounts(3840, 40, ((480, 5),) * 8), SETTINGS, history=history
+    )
+    assert "clumps: variance x" in verdict.reason, verdict.reason
+    calm = compare_proportions("errors", ProportionCounts(960, 10), ProportionCounts(3840, 40), SETTINGS)
+    assert "clumps" not in calm.reason
 
 
 def test_a_steady_regression_is_still_caught_with_a_calm_history():

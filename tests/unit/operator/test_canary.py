@@ -17,8 +17,10 @@ from tokenyard.operator.canary import (
     HISTORY_SECONDS,
     PrometheusAnalysis,
     QueryScope,
+    RangeGrid,
     Timeline,
     inter_token_latency_queries,
+    interval_increases,
     mean_sample,
     metrics_for_step,
     paired_counts,
@@ -395,27 +397,49 @@ def test_a_range_response_keeps_finite_points_and_failures_read_as_failures():
     assert not error.ok and "bad_data" in error.problem
 
 
-def test_the_range_ends_an_interval_exactly_at_the_window_start_and_reaches_back_an_hour():
-    start, end, step = Timeline(since=10_000.0, now=10_095.0, interval=30.0).range()
-    points = [start + k * step for k in range(int((end - start) // step) + 1)]
-    assert 10_000.0 in points and step == 30.0
-    assert len([p for p in points if p <= 10_000.0]) == HISTORY_SECONDS // 30
+def test_the_grid_ends_an_interval_exactly_at_the_window_start_and_reaches_back_an_hour():
+    grid = Timeline(since=10_000.0004, now=10_095.0, interval=30.0).grid()
+    points = [grid.start + k * grid.step for k in range(grid.points)]
+    assert grid.step == 30.0 and points[grid.last_before] == 10_000.0 and grid.end == points[-1]
+    assert grid.last_before == HISTORY_SECONDS // 30  # an hour of intervals, plus the point they start from
     assert points[-1] == 10_090.0  # the last whole interval of the window
     # a timeline too long for one range query gets longer intervals rather than a refused query
-    _, _, long_step = Timeline(since=0.0, now=86_400.0, interval=1.0).range()
-    assert (HISTORY_SECONDS + 86_400) / long_step <= 11_000
+    long = Timeline(since=0.0, now=86_400.0, interval=1.0).grid()
+    assert long.points <= 11_000
 
 
-def test_counts_split_at_the_window_start_per_revision():
+def counter(revision, points, **labels):
+    return Series({"revision": revision, **labels}, tuple(points))
+
+
+GRID = RangeGrid(start=0.0, step=30.0, points=5, last_before=2)  # intervals 1, 2 before; 3, 4 inside
+
+
+def test_each_series_is_differenced_point_to_point_and_summed_per_revision():
     totals = (
-        Series({"revision": "stable"}, ((30.0, 100.0), (60.0, 80.0), (90.0, 0.0), (120.0, 90.0))),
-        Series({"revision": "canary"}, ((90.0, 20.0), (120.0, 25.0))),
+        counter("stable", [(0, 1000), (30, 1100), (60, 1180), (90, 1270), (120, 1400)], router="a"),
+        # a second router restarted between 60 and 90: its counter fell to 7, all counted since
+        counter("stable", [(0, 50), (30, 60), (60, 70), (90, 7), (120, 17)], router="b"),
+        # written to the millisecond: still the grid's point
+        counter("canary", [(60.0005, 5), (89.9995, 25), (120, 50)]),
     )
-    bads = (Series({"revision": "stable"}, ((30.0, 1.0), (120.0, 95.0))),)
-    before, after = split_intervals(totals, bads, "stable", since=60.0)
-    # no bad-request point: none; more bad requests than requests (extrapolation): capped; empty intervals left out
-    assert before == ((100.0, 1.0), (80.0, 0.0)) and after == ((90.0, 90.0),)
-    assert split_intervals(totals, bads, "canary", since=60.0) == ((), ((20.0, 0.0), (25.0, 0.0)))
+    assert interval_increases(totals, "stable", GRID) == {1: 110, 2: 90, 3: 97, 4: 140}
+    assert interval_increases(totals, "canary", GRID) == {3: 20, 4: 25}  # a series starts at its first point
+
+
+def test_bad_requests_per_interval_from_bad_or_from_good_counters():
+    totals = (counter("stable", [(0, 0), (30, 100), (60, 200), (90, 200), (120, 300)]),)
+    errors = (counter("stable", [(0, 0), (30, 2), (60, 2), (90, 2), (120, 150)]),)
+    before, after = split_intervals(totals, errors, "stable", GRID, others_count_good=False)
+    # an interval without requests is left out
+    assert before == ((100, 2), (100, 0)) and after == ((100, 100),)  # more bad than requests: capped
+    fast = (counter("stable", [(0, 0), (30, 90), (60, 190), (90, 190), (120, 250)]),)
+    assert split_intervals(totals, fast, "stable", GRID, others_count_good=True) == (
+        ((100, 10), (100, 0)),
+        ((100, 40),),
+    )
+    # no series of bad requests at all: none happened
+    assert split_intervals(totals, (), "stable", GRID, others_count_good=False)[1] == ((100, 0),)
 
 
 class RangeRecordingClient(FakeClient):
@@ -432,11 +456,11 @@ class RangeRecordingClient(FakeClient):
         return MatrixReading(())
 
 
-def test_each_interval_is_the_increase_over_one_step_of_the_range():
+def test_the_range_queries_read_raw_counters_over_the_hour_and_the_window():
     analysis = ReadingAnalysis(None)
     analysis.fake = RangeRecordingClient()
     judge(analysis)
     assert len(analysis.fake.ranges) == 2  # requests and errors, per interval, in one query each
     for query, start, end, step in analysis.fake.ranges:
-        assert step == 30 and f"[{step:.0f}s]" in query
-        assert end == 60 and (end - start) / step == HISTORY_SECONDS / 30 + 1
+        assert "increase" not in query and "sum" not in query, query  # differenced per series here
+        assert step == 30 and end == 60 and (end - start) / step == HISTORY_SECONDS / 30 + 2
