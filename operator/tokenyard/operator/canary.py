@@ -344,7 +344,8 @@ def interval_increases(series: Sequence[Series], revision: str, grid: RangeGrid)
     a range as long as the step extrapolates each window's first and last samples to its edges instead: with
     a 15 s scrape and 30 s intervals it doubles every count, and with a scrape as long as the step it has
     no two samples to work with.) A drop is a counter reset, read as ``increase()`` reads it: the new value
-    was all counted since. A series' first point is where its count starts from."""
+    was all counted since (what the series counted between the point before and the reset itself is lost,
+    at most one interval of one router's counts). A series' first point is where its count starts from."""
     grew: dict[int, float] = {}
     for one in series:
         if one.labels.get("revision", "") != revision:
