@@ -464,3 +464,60 @@ def test_the_range_queries_read_raw_counters_over_the_hour_and_the_window():
     for query, start, end, step in analysis.fake.ranges:
         assert "increase" not in query and "sum" not in query, query  # differenced per series here
         assert step == 30 and end == 60 and (end - start) / step == HISTORY_SECONDS / 30 + 2
+
+
+class ClumpedServiceClient(FakeClient):
+    """A service whose errors come in bursts: in the window, 2,400 requests per revision, the canary's 80 errors
+    in two bad intervals and the stable revision's 12 in one; over the hour before, the stable revision had
+    a burst of 7 errors (of 120 requests) in 2 of every 10 intervals. Range queries answer raw counters on the asked grid."""
+
+    def __init__(self, clumped_range=True):
+        super().__init__(None)
+        self.clumped_range = clumped_range
+
+    async def query_vector(self, query, at=None):
+        self.asked.append(query)
+        values = {"rev-b": 80, "rev-a": 12} if "errors" in query else {"rev-b": 2400, "rev-a": 2400}
+        return answer(query, [{"metric": {"revision": r}, "value": [0, str(v)]} for r, v in values.items()])
+
+    async def query_range(self, query, start, end, step):
+        if not self.clumped_range:
+            return MatrixReading(())
+        points = round((end - start) / step) + 1
+        since_index = round((0 - start) / step)
+        errors = "errors" in query
+
+        def per_interval(revision, k):  # interval k ends at point k
+            if k <= since_index:  # the hour before: only the stable revision
+                if revision == "rev-b":
+                    return None
+                return (7 if k % 10 in (0, 1) else 0) if errors else 120
+            if not errors:
+                return 120
+            burst = {"rev-b": {3: 40, 4: 40}, "rev-a": {7: 12}}[revision]
+            return burst.get(k - since_index, 0)
+
+        series = []
+        for revision in ("rev-a", "rev-b"):
+            total, values = 0.0, []
+            for k in range(points):
+                grew = per_interval(revision, k) if k else 0
+                if grew is None:
+                    continue
+                total += grew
+                values.append((start + k * step, total))
+            series.append(Series({"revision": revision, "router": "r"}, tuple(values)))
+        return MatrixReading(tuple(series))
+
+
+def test_clumped_errors_read_through_the_range_queries_widen_the_variance():
+    def judged(client):
+        analysis = ReadingAnalysis(None)
+        analysis.fake = client
+        return asyncio.run(analysis.judge(default_spec(), "m", "ns", "rev-a", "rev-b", 0, 600, False, False))
+
+    binomial_only = judged(ClumpedServiceClient(clumped_range=False))
+    assert binomial_only.decision is AnalysisDecision.FAIL, binomial_only.reason
+    widened = judged(ClumpedServiceClient())
+    assert widened.decision is not AnalysisDecision.FAIL, widened.reason
+    assert "clumps: variance x" in widened.reason, widened.reason
