@@ -596,14 +596,89 @@ def test_alert_rules_with_redis_pass_promtool(tmp_path):
     promtool_check_rules(rules["spec"]["groups"], tmp_path)
 
 
-def _panel_expr(dashboard: str, title: str) -> str:
+def _panel_expr(dashboard: str, title: str, ref_id: str = "A") -> str:
     panels = json.loads((CHART / "dashboards" / dashboard).read_text())["panels"]
     (panel,) = [p for p in panels if p["title"] == title]
-    (target,) = panel["targets"]
+    (target,) = [t for t in panel["targets"] if t["refId"] == ref_id]
     expr = target["expr"]
     for variable, value in GRAFANA_VARIABLES.items():
         expr = expr.replace(variable, value)
     return re.sub(r"\$\{?\w+\}?", ".*", expr)
+
+
+def run_promtool_test(test: dict, tmp_path: Path) -> None:
+    test_file = tmp_path / "panel_test.yaml"
+    test_file.write_text(yaml.safe_dump(test))
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="no promtool on PATH (Debian package prometheus)")
+def test_redis_panel_and_alert_tell_down_from_not_configured(tmp_path):
+    """Three routers: one without Redis (the default install), one sharing, one whose Redis is down. The panel
+    shows 0, 2 and 1, and the alert fires for the third only."""
+    rules = one(render("router.redisUrl=redis://redis:6379/0"), "PrometheusRule", "-alerts")
+    (redis_down,) = [
+        rule
+        for group in rules["spec"]["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "TokenyardRouterRedisDown"
+    ]
+    (tmp_path / "rules.yaml").write_text(
+        yaml.safe_dump({"groups": [{"name": "redis", "rules": [redis_down]}]})
+    )
+    gauge = '{}{{namespace="team-a", pod="{}"}}'
+    state = {"alone": (0, 0), "sharing": (1, 1), "cut-off": (1, 0)}
+    test = {
+        "rule_files": [str(tmp_path / "rules.yaml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": gauge.format(metric, pod), "values": f"{value}x15"}
+                    for pod, (configured, up) in state.items()
+                    for metric, value in (
+                        ("tokenyard_router_redis_configured", configured),
+                        ("tokenyard_router_redis_up", up),
+                    )
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": _panel_expr("router.json", "State sharing through Redis (per router pod)"),
+                        "eval_time": "10m",
+                        "exp_samples": [
+                            {"labels": '{namespace="team-a", pod="alone"}', "value": 0},
+                            {"labels": '{namespace="team-a", pod="sharing"}', "value": 2},
+                            {"labels": '{namespace="team-a", pod="cut-off"}', "value": 1},
+                        ],
+                    }
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "10m",
+                        "alertname": "TokenyardRouterRedisDown",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "namespace": "team-a",
+                                    "pod": "cut-off",
+                                    **redis_down["labels"],
+                                },
+                                "exp_annotations": {
+                                    key: re.sub(r"\{\{\s*\$labels\.pod\s*\}\}", "cut-off", text)
+                                    for key, text in redis_down["annotations"].items()
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    run_promtool_test(test, tmp_path)
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="no promtool on PATH (Debian package prometheus)")
@@ -635,9 +710,4 @@ def test_shadow_mismatch_panel_reads_zero_before_the_first_mismatch(tmp_path):
             }
         ],
     }
-    test_file = tmp_path / "panel_test.yaml"
-    test_file.write_text(yaml.safe_dump(test))
-    result = subprocess.run(
-        [PROMTOOL, "test", "rules", str(test_file)], capture_output=True, text=True, timeout=30
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    run_promtool_test(test, tmp_path)

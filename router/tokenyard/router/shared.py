@@ -80,6 +80,7 @@ class RedisShare:
         self.up: bool | None = None
         self.last_stream_id: str | None = None
         state.publish_prefixes = True
+        metrics.redis_configured.set(1)
         metrics.redis_up.set(0)
 
     def _mark(self, up: bool, error: Exception | None = None) -> None:

@@ -159,6 +159,14 @@ class RouterMetrics:
             "1 while the router shares its state through Redis, 0 while it routes on local state only.",
             registry=r,
         )
+        # Without it a router given no Redis (the chart's default) and one whose Redis is down both read
+        # redis_up 0: dashboards and alerts could not tell "down" from "not wanted".
+        self.redis_configured = Gauge(
+            "tokenyard_router_redis_configured",
+            "1 when the router was given a Redis to share its state through (--redis-url), 0 when it routes on "
+            "its own state by design.",
+            registry=r,
+        )
         self.redis_errors = Counter(
             "tokenyard_router_redis_errors_total", "Failed Redis synchronisations.", registry=r
         )

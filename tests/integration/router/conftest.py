@@ -165,7 +165,7 @@ class RedisProcess:
 @pytest.fixture
 def redis_server():
     if not os.path.exists("/usr/bin/redis-server"):
-        pytest.skip("redis-server is not installed")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
     server = RedisProcess(free_port())
     server.start()
     yield server

@@ -53,6 +53,7 @@ async def test_two_routers_share_prefixes_and_load_and_survive_redis_loss(
 
     for process in (a, b):
         await wait_for(await redis_up(process, 1), 10, "redis_up=1")
+        assert await process.metric(http, "tokenyard_router_redis_configured") == 1
 
     # a prompt routed by router a is known to router b: b picks the same replica and expects the cached prefix
     status, replica = await complete(http, a, SYSTEM_PROMPT + "question 1")

@@ -206,3 +206,9 @@ def test_without_uvloop_auto_falls_back_and_an_explicit_choice_is_a_usage_error(
     assert loop_factory("auto") is None  # asyncio's own loop: the router still starts
     assert main(["--backend", "http://127.0.0.1:9", "--event-loop", "uvloop"]) == 2
     assert "--event-loop uvloop: the 'uvloop' package is not installed" in capsys.readouterr().err
+
+
+def test_a_router_without_redis_says_so_rather_than_reading_as_redis_down():
+    metrics = RouterMetrics()
+    assert metrics.registry.get_sample_value("tokenyard_router_redis_configured") == 0
+    assert metrics.registry.get_sample_value("tokenyard_router_redis_up") == 0
