@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 import chaos_control as control  # noqa: E402
 import pytest  # noqa: E402
 from kubernetes import client  # noqa: E402
+from results_io import write_results  # noqa: E402
 from tokenyard.core import labels  # noqa: E402
 from tokenyard.devcluster.binaries import ensure_binaries  # noqa: E402
 from tokenyard.devcluster.cluster import DevCluster  # noqa: E402
@@ -628,17 +629,15 @@ def main() -> int:
         if not (failures or errors)
         else f"{len(failures) + len(errors)} failure(s)"
     )
-    print(
-        json.dumps(
-            {
-                "bench": "chaos_operator",
-                "seed": SEED,
-                "passed": not (failures or errors),
-                "failures": [*failures, *errors],
-                "results": results,
-            }
-        )
-    )
+    outcome = {
+        "bench": "chaos_operator",
+        "seed": SEED,
+        "passed": not (failures or errors),
+        "failures": [*failures, *errors],
+        "results": results,
+    }
+    write_results("chaos_operator", outcome)
+    print(json.dumps(outcome))
     return control.exit_code(failures, errors)
 
 

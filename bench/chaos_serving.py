@@ -88,6 +88,7 @@ from redis.asyncio.retry import Retry  # noqa: E402
 from redis.backoff import NoBackoff  # noqa: E402
 from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: E402
 from redis.exceptions import RedisError  # noqa: E402
+from results_io import write_results  # noqa: E402
 from router_workloads import shared_prefix_body, tenant_prompts  # noqa: E402
 from tokenyard.core.process import ManagedProcess  # noqa: E402
 from tokenyard.router.proxy import carries_token  # noqa: E402
@@ -649,7 +650,9 @@ def main() -> int:
     for failure in failures:
         print(f"FAIL {failure}")
     verdict = {"pass": not failures, "violations": failures}
-    print(json.dumps({"bench": "chaos_serving", "seed": SEED, "results": results, "verdict": verdict}))
+    outcome = {"bench": "chaos_serving", "seed": SEED, "results": results, "verdict": verdict}
+    write_results("chaos_serving", outcome)
+    print(json.dumps(outcome))
     return 1 if failures else 0
 
 
