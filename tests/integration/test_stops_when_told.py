@@ -30,7 +30,10 @@ BUDGET_S = {
     "router": ROUTER_DRAIN_S + 5.0,
     "sim-pods": 10.0,
     "operator": 15.0,
+    # the chart's default: a StatefulSet of replicas in a Kopf peering, whose stop says goodbye to the peering
+    "operator-peering": 15.0,
 }
+PEERING = "stop-test"
 
 
 def api_server_address(kubeconfig) -> tuple[str, int]:
@@ -56,6 +59,9 @@ def start(component: str, kubeconfig, namespace: str, hanging: str, log) -> Mana
                 "--drain-timeout", str(ROUTER_DRAIN_S)]  # fmt: skip
     elif component == "sim-pods":
         args = ["tokenyard.sim", "pods", "--kubeconfig", str(kubeconfig)]
+    elif component == "operator-peering":
+        peering = ("--peering", PEERING, "--priority", "1")
+        return operator_process(kubeconfig, log, "--namespace", namespace, *peering).start()
     else:
         return operator_process(kubeconfig, log, "--namespace", namespace).start()
     return ManagedProcess(args, log).start()
@@ -68,6 +74,8 @@ def working(component: str, process: ManagedProcess, kube_api, namespace: str) -
         return bool(lease.spec.holder_identity)
     if component == "operator" and "Initial authentication has finished" not in process.log():
         return False
+    if component == "operator-peering" and "Resuming operations" not in process.log():
+        return False  # a peered replica starts paused and resumes once the peering says it may work
     return time.monotonic() - process.started_at > 4.0
 
 
@@ -75,6 +83,11 @@ def working(component: str, process: ManagedProcess, kube_api, namespace: str) -
 def test_sigterm_with_its_dependencies_hanging_exits_within_budget(
     component, devcluster, kube_api, namespace, hanging_server, tmp_path
 ):
+    if component == "operator-peering":
+        client.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+            "kopf.dev", "v1", namespace, "kopfpeerings",
+            {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}},
+        )  # fmt: skip
     api_proxy = CuttableProxy(*api_server_address(devcluster.kubeconfig))
     kubeconfig = kubeconfig_through(devcluster.kubeconfig, api_proxy.port, tmp_path / "kubeconfig")
     log = tmp_path / f"{component}.log"

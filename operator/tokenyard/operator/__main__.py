@@ -70,18 +70,23 @@ def main(argv: list[str] | None = None) -> int:
     handlers.RUNTIME.namespaced = bool(args.namespace)
 
     standalone = args.peering is None
-    # kopf.run installs SIGTERM/SIGINT handlers and stops the handlers gracefully.
     kopf.configure(verbose=args.verbose)
-    asyncio.run(
-        kopf.operator(
+
+    async def run() -> None:
+        # SIGTERM and SIGINT raise this flag (handlers.RUNTIME.begin_stop, which also bounds the way out);
+        # Kopf then stops its handlers and daemons gracefully.
+        handlers.RUNTIME.stop_flag = asyncio.Event()
+        await kopf.operator(
             clusterwide=not args.namespace,
             namespaces=args.namespace,
             standalone=standalone,
             peering_name=args.peering,
             priority=args.priority,
             liveness_endpoint=args.liveness,
+            stop_flag=handlers.RUNTIME.stop_flag,
         )
-    )
+
+    asyncio.run(run())
     return 0
 
 

@@ -69,6 +69,11 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix="tokenyard.dev", key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
+    RUNTIME.kopf_settings = settings
+    if RUNTIME.stop_flag is not None:
+        # Kopf installs its signal handlers as its tasks start, about when this handler runs; a second later
+        # ours replace them for certain (a signal before that gets Kopf's own, slower, way out).
+        asyncio.get_running_loop().call_later(1.0, RUNTIME.take_over_signals)
     if ours.kubeconfig:
         await k8s_config.load_kube_config(config_file=ours.kubeconfig)
     else:
