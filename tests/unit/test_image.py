@@ -2,8 +2,10 @@
 package (pyproject.toml) and the chart (Chart.yaml, values.yaml, the rendered workloads), and every command the
 chart runs in it is a `tokenyard <component>` command whose flags the real console script accepts.
 
-What only a build can show (the base image tag exists, the wheel installs, the image starts on a read-only root
-file system) is left to `make image` on a machine with docker, podman or buildah.
+The build itself is replayed without a container engine in tests/integration/test_image_rehearsal.py (the
+wheels build, install from themselves only, and serve as the image's non-root user without writing outside its
+/tmp); what only a real build can show (the base image tag exists, Python 3.12 of that base) is left to
+`make image` on a machine with docker, podman or buildah.
 """
 
 from __future__ import annotations
