@@ -412,13 +412,6 @@ def _predicted(per_interval: float, rate: float, volatility: float) -> float:
     return 1.0 + per_interval * rate * volatility / (1.0 - rate)
 
 
-def _implied_volatility(factor: float, per_interval: float, rate: float) -> float:
-    """The volatility whose prediction at this traffic and rate is ``factor`` (the inverse of `_predicted`)."""
-    if factor <= 1.0 or per_interval <= 0 or not 0.0 < rate < 1.0:
-        return 0.0
-    return (factor - 1.0) * (1.0 - rate) / (per_interval * rate)
-
-
 def dispersion_factors(
     canary: ProportionCounts,
     stable: ProportionCounts,
@@ -426,23 +419,24 @@ def dispersion_factors(
     stable_rate: float,
     volatility: float,
 ) -> tuple[float, float]:
-    """The factors the canary's and the stable revision's binomial variances are widened by.
+    """The factors the canary's and the stable revision's binomial variances are widened by: for each, the
+    larger of what its own intervals in the window show and what the service's volatility before the rollout
+    (``relative_volatility``) predicts at its rate and traffic.
 
-    The stable revision's: the larger of what its own intervals in the window show and what the service's
-    volatility before the rollout (``relative_volatility``) predicts at its rate and traffic. The canary's:
-    the history's prediction at its rate and traffic, or what its own intervals show, but those only up to
-    what the stable revision's intervals in the same window would predict at the canary's traffic. Left
-    uncapped, a canary that starts failing half-way through the window would see its own regression as a
-    clump and widen its variance away: the step change is the very thing the test is looking for."""
-    stable_own = overdispersion(stable.intervals)
-    stable_per_interval = _requests_per_interval(stable)
-    stable_factor = max(stable_own, _predicted(stable_per_interval, stable_rate, volatility))
-    canary_per_interval = _requests_per_interval(canary)
-    window_volatility = _implied_volatility(stable_own, stable_per_interval, stable_rate)
-    canary_own = min(
-        overdispersion(canary.intervals), _predicted(canary_per_interval, canary_rate, window_volatility)
+    Known limit: a canary that starts failing half-way through the window sees its own regression as a clump,
+    which widens its variance and delays the verdict by a few looks (tests/unit/operator/test_analysis.py
+    shows it). Capping the canary's own estimate at what the stable revision's clumping predicts was tried and
+    undercounted the canary's own bursts: bench-rollout's healthy canaries with independent bursts were rolled
+    back 0.064 ± 0.004 (cap at the stable's estimate) and 0.055 ± 0.004 (the same at its 90% upper bound) of
+    the time against alpha 0.05, 2026-12-04; a false-rollback rate within alpha comes first."""
+    canary_factor = max(
+        overdispersion(canary.intervals),
+        _predicted(_requests_per_interval(canary), canary_rate, volatility),
     )
-    canary_factor = max(canary_own, _predicted(canary_per_interval, canary_rate, volatility))
+    stable_factor = max(
+        overdispersion(stable.intervals),
+        _predicted(_requests_per_interval(stable), stable_rate, volatility),
+    )
     return canary_factor, stable_factor
 
 
