@@ -7,6 +7,7 @@ test asks for it, in a temporary folder on free ports, and every process it star
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 from pathlib import Path
 
@@ -53,20 +54,53 @@ def kube_api(devcluster):
     return devcluster.api()
 
 
-@pytest.fixture
-def namespace(devcluster, kube_api):
+@contextlib.contextmanager
+def new_namespace(kube_api, prefix: str = "t-"):
+    """A namespace of its own, ready for pods, deleted afterwards."""
     from kubernetes import client
 
     core = client.CoreV1Api(kube_api)
-    name = f"t-{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name}})
     # Pods are admitted only once the ServiceAccount controller has made the namespace's default account.
     wait_for(
         lambda: core.read_namespaced_service_account("default", name),
         what=f"default ServiceAccount in {name}",
     )
-    yield name
-    core.delete_namespace(name)
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+@pytest.fixture
+def namespace(devcluster, kube_api):
+    with new_namespace(kube_api) as name:
+        yield name
+
+
+class WorkerThreads:
+    """Client load from `workers` threads running `_run(worker)` until the context ends."""
+
+    JOIN_SECONDS = 30.0
+
+    def __init__(self, workers: int) -> None:
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)]
+
+    def _run(self, worker: int) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(timeout=self.JOIN_SECONDS)
 
 
 OPERATOR_ENV = {"TOKENYARD_RESYNC_SECONDS": "2", "TOKENYARD_BIND_TIMEOUT_SECONDS": "5"}

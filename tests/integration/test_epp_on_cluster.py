@@ -24,7 +24,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +37,13 @@ from tokenyard.devcluster.gateway_standin import ensure_gateway_standin
 from tokenyard.sim.pods import PodRunner
 from tokenyard.sim.server import SimEngine
 
-from tests.integration.conftest import ManagedProcess, operator_process, wait_for
+from tests.integration.conftest import (
+    ManagedProcess,
+    WorkerThreads,
+    new_namespace,
+    operator_process,
+    wait_for,
+)
 from tests.integration.test_inference_pool import PICKER_ENV, install_pool_crd, read_pool, remove_pool_crd
 
 pytestmark = pytest.mark.integration
@@ -111,16 +116,8 @@ class InProcessPods:
 
 @pytest.fixture(scope="module")
 def module_namespace(devcluster, kube_api):
-    core = client.CoreV1Api(kube_api)
-    name = f"t-epp-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": name}})
-    # Pods are admitted only once the ServiceAccount controller has made the namespace's default account.
-    wait_for(
-        lambda: core.read_namespaced_service_account("default", name),
-        what=f"default ServiceAccount in {name}",
-    )
-    yield name
-    core.delete_namespace(name)
+    with new_namespace(kube_api, prefix="t-epp-") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
@@ -402,17 +399,17 @@ def test_canary_weight_from_the_status_holds_through_the_picker(stack):
     assert 0.14 <= share <= 0.36, f"canary share {share:.3f} of {total} for weight 25"
 
 
-class GatewayLoad:
+class GatewayLoad(WorkerThreads):
     """Steady streaming load through the stand-in, recording every answer; counts the streams open on each
     upstream (from their response headers), so that the test can kill an engine while clients stream from it."""
 
+    JOIN_SECONDS = 60.0
+
     def __init__(self, gateway: str, model: str, workers: int, max_tokens: int) -> None:
+        super().__init__(workers)
         self.gateway, self.model, self.max_tokens = gateway, model, max_tokens
-        self.stop_event = threading.Event()
-        self.lock = threading.Lock()
         self.answers: list[Answer] = []
         self.open: Counter = Counter()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)]
 
     def _streaming(self, upstream: str, delta: int) -> None:
         with self.lock:
@@ -436,16 +433,6 @@ class GatewayLoad:
     def done(self) -> list[Answer]:
         with self.lock:
             return list(self.answers)
-
-    def __enter__(self) -> GatewayLoad:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop_event.set()
-        for thread in self.threads:
-            thread.join(timeout=60)
 
 
 def test_an_engine_killed_under_load_fails_no_request_that_had_not_started(stack):

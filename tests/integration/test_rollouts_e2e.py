@@ -22,6 +22,7 @@ from tokenyard.devcluster.cluster import free_port
 
 from tests.integration.conftest import (
     ManagedProcess,
+    WorkerThreads,
     operator_process,
     prometheus_process,
     sim_pods_process,
@@ -65,14 +66,13 @@ def stack(devcluster, namespace, tmp_path):
         process.stop()
 
 
-class Load:
+class Load(WorkerThreads):
     """Steady client load through the router; records each answer's status, revision and end time."""
 
     def __init__(self, router: str, workers: int = 4):
-        self.router, self.stop_event = router, threading.Event()
+        super().__init__(workers)
+        self.router = router
         self.results: list[tuple[float, int, str]] = []
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(workers)]
 
     def _run(self, worker: int) -> None:
         n = 0
@@ -92,16 +92,6 @@ class Load:
                 result = (time.time(), 0, "")
             with self.lock:
                 self.results.append(result)
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop_event.set()
-        for thread in self.threads:
-            thread.join(timeout=30)
 
     def errors(self, since: float = 0.0) -> list[tuple[float, int, str]]:
         with self.lock:

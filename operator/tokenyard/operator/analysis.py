@@ -319,6 +319,19 @@ _DISPERSION_LAGS = 3
 _MIN_DISPERSION_INTERVALS = 4
 
 
+def _pooled(
+    intervals: Sequence[tuple[float, float]], fewest: int
+) -> tuple[list[tuple[float, float]], float, float] | None:
+    """The intervals with requests, their total requests and pooled rate; None when fewer than ``fewest`` had
+    requests or the rate is 0 or 1 (nothing varies)."""
+    used = [(n, f) for n, f in intervals if n > 0 and math.isfinite(n) and math.isfinite(f)]
+    if len(used) < fewest:
+        return None
+    total = sum(n for n, _ in used)
+    rate = sum(f for _, f in used) / total
+    return (used, total, rate) if 0.0 < rate < 1.0 else None
+
+
 def overdispersion(
     intervals: Sequence[tuple[float, float]], lags: int = _DISPERSION_LAGS, taper: bool = True
 ) -> float:
@@ -335,13 +348,10 @@ def overdispersion(
     long-run variance), divided by the binomial variance of the total. Fewer than
     ``_MIN_DISPERSION_INTERVALS`` intervals, or no bad request at all: 1 (the binomial variance).
     """
-    used = [(n, f) for n, f in intervals if n > 0 and math.isfinite(n) and math.isfinite(f)]
-    if len(used) < _MIN_DISPERSION_INTERVALS:
+    pooled = _pooled(intervals, _MIN_DISPERSION_INTERVALS)
+    if pooled is None:
         return 1.0
-    total = sum(n for n, _ in used)
-    rate = sum(f for _, f in used) / total
-    if not 0.0 < rate < 1.0:
-        return 1.0
+    used, total, rate = pooled
     residuals = [f - n * rate for n, f in used]
     lags = min(lags, len(used) - 1)
     variance = sum(e * e for e in residuals)
@@ -387,13 +397,10 @@ def relative_volatility(history: Sequence[tuple[float, float]]) -> float:
 
 @functools.lru_cache(maxsize=64)
 def _relative_volatility(history: tuple[tuple[float, float], ...]) -> float:
-    used = [(n, f) for n, f in history if n > 0 and math.isfinite(n) and math.isfinite(f)]
-    if len(used) < _MIN_HISTORY_INTERVALS:
+    pooled = _pooled(history, _MIN_HISTORY_INTERVALS)
+    if pooled is None:
         return 0.0
-    total = sum(n for n, _ in used)
-    rate = sum(f for _, f in used) / total
-    if not 0.0 < rate < 1.0:
-        return 0.0
+    used, total, rate = pooled
     per_interval = total / len(used)
     excess = (overdispersion(used, _HISTORY_LAGS) - 1.0) * _upper_bound_factor(len(used), _HISTORY_LAGS)
     return excess * (1.0 - rate) / (per_interval * rate)
