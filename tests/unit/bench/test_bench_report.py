@@ -349,7 +349,8 @@ def test_write_results_goes_to_bench_results_dir_with_the_run_record(tmp_path, m
     written = json.loads(path.read_text())
     assert written["bench"] == "placement" and written["results"] == {"tokenyard": {}}
     assert written["run"]["environment"] == {"BENCH_SEEDS": "2"}  # where the results went is not a setting
-    assert written["run"]["commit"] == results_io._git("rev-parse", "HEAD")  # this checkout's (None outside git)
+    # this checkout's HEAD (None outside git)
+    assert written["run"]["commit"] == results_io._git("rev-parse", "HEAD")
     assert written["run"]["date"].endswith("Z")
     with pytest.raises(ValueError, match="already has a 'run' key"):
         results_io.write_results("placement", {"bench": "placement", "results": {}, "run": {}})
