@@ -10,7 +10,7 @@ a request goes to the replica owing least with its own prompt added, ties drawn 
 Run: ``.venv/bin/python bench/policy_replay.py [RATE ...]`` (requests per modelled second; default 50 65 80).
 Measured 2026-12-04: p50/p90/p99 TTFT equal within 0.3 ms at every rate (rate 80: round robin 22.5/25.3/26.0 ms,
 load score 22.8/25.4/26.0 ms), while bench-router's wall-clock run had tokenyard's p99 at 0.329 s against round
-robin's 0.266 s: the gap is the router process on the bench's 2 cores, not its placement.
+robin's 0.266 s: the gap is in the router's hop (a tail of about 2% of requests), not in its placement.
 """
 
 from __future__ import annotations
