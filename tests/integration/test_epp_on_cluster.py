@@ -48,9 +48,8 @@ from tests.integration.test_inference_pool import PICKER_ENV, install_pool_crd, 
 
 pytestmark = pytest.mark.integration
 
-SATURATION_LIMIT = (
-    8  # the router's --max-outstanding-requests (per replica); the other tests stay well below it
-)
+# the router's --max-outstanding-requests (per replica); the other tests stay well below it
+SATURATION_LIMIT = 8
 
 
 def deployment(
@@ -106,7 +105,7 @@ class InProcessPods:
         # The simulator's model of a dead process: the listener closes, every open connection is dropped, and
         # nothing answers again. The pod stays Ready, as it would until the kubelet noticed.
         engine = self.engine_at(address)
-        self.call(engine._crash())
+        self.call(engine.crash())
 
     def stop(self) -> None:
         self.call(self.runner.stop(), timeout=60)

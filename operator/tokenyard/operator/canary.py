@@ -410,22 +410,6 @@ def _increase(metric: str, scope: QueryScope, by: str, extra: str = "") -> str:
     return f"sum by ({by}) (increase({metric}{{{scope.selector}{extra}}}[{scope.window}]))"
 
 
-def proportion_queries(kind: AnalysisMetricKind, slo: float | None, scope: QueryScope) -> tuple[str, str]:
-    """(all requests, bad requests) per revision for a proportion metric."""
-    if kind == AnalysisMetricKind.ERROR_RATIO:
-        return (
-            _increase("tokenyard_router_requests_total", scope, "revision"),
-            _increase("tokenyard_router_errors_total", scope, "revision"),
-        )
-    if kind == AnalysisMetricKind.TTFT_OVER_SLO:
-        total = _increase("tokenyard_router_time_to_first_token_seconds_count", scope, "revision")
-        fast = _increase(
-            "tokenyard_router_time_to_first_token_seconds_bucket", scope, "revision", f',le="{_le(slo)}"'
-        )
-        return total, f"({total}) - ({fast})"
-    raise ValueError(f"{kind} is not a proportion metric")
-
-
 @dataclass(frozen=True)
 class CounterSelector:
     """A router counter's raw series (no function applied: ``interval_increases`` differences them)."""
@@ -450,6 +434,18 @@ def counter_selectors(
             CounterSelector(f'{histogram}_bucket{{{scope.selector},le="{_le(slo)}"}}', counts_good=True),
         )
     raise ValueError(f"{kind} is not a proportion metric")
+
+
+def proportion_queries(kind: AnalysisMetricKind, slo: float | None, scope: QueryScope) -> tuple[str, str]:
+    """(all requests, bad requests) per revision over the window for a proportion metric: the increase of the
+    counters ``counter_selectors`` names."""
+    total_counter, other_counter = counter_selectors(kind, slo, scope)
+
+    def increase(counter: CounterSelector) -> str:
+        return f"sum by (revision) (increase({counter.selector}[{scope.window}]))"
+
+    total, other = increase(total_counter), increase(other_counter)
+    return (total, f"({total}) - ({other})") if other_counter.counts_good else (total, other)
 
 
 def shadow_request_queries(scope: QueryScope) -> tuple[str, str]:

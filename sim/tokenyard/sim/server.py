@@ -327,8 +327,9 @@ class SimEngine:
         for stream in list(self._streams.values()):
             self._end(stream, FinishReason.ABORT, now)
 
-    async def _crash(self) -> None:
-        """Behave like a dead process: refuse connections and drop the open ones."""
+    async def crash(self) -> None:
+        """Behave like a dead process: refuse connections and drop the open ones (the crash-after-requests
+        knob, and tests that kill one engine of a pod runner)."""
         if self.crashed:
             return
         self.crashed = True
@@ -452,7 +453,7 @@ class SimEngine:
         self._requests_seen += 1
         crash_after = self.knobs.crash_after_requests
         if crash_after is not None and self._requests_seen > crash_after:
-            asyncio.get_running_loop().create_task(self._crash())
+            asyncio.get_running_loop().create_task(self.crash())
             raise ApiError(503, "the engine crashed")
         if self.knobs.error_rate > 0 and self._rng.random() < self.knobs.error_rate:
             raise ApiError(500, "simulated engine error (error_rate knob)")
