@@ -38,8 +38,9 @@ requests x the mean prompt of recently finished requests, plus running x (mean p
 and its TTFT p95 is ``histogram_quantile`` over a minute of bucket rates, interpolated inside vLLM's 1.0-2.5 s
 bucket, up to 15 s old.
 Signals: token load (tuned target, as a fraction of a group's KV capacity), KV-cache usage 0.9 (a guard) and TTFT
-p95 against the SLO; scale-down 2 groups a minute after the default 300 s window (chosen on the tuning trace,
-kept for every grid point: both are spec fields a user sets).
+p95 against the SLO; scale-down 2 groups a minute after the default 300 s window and a burst reserve of
+``SPARE_GROUPS`` groups' worth of token load (``spareGroups``; chosen on the tuning trace, kept for every grid
+point: all are spec fields a user sets, and a second knob the peers do not get).
 
 Rows: each policy ``tuned`` (its knob swept on the tuning trace, as above) and at its documented default or
 documented example where one exists: ``tokenyard_example`` (``examples/autoscaler.yaml`` as shipped, max groups
@@ -49,6 +50,15 @@ request rate has no documented target for an LLM engine, so it has no such row. 
 labelled row: the tuned tokenyard fed the exact token load and the exact TTFT p95 of the simulation (what the
 PromQL estimates), to show what the estimation costs. The baselines read exact values (KEDA and HPA would read
 Prometheus too, 15 s stale): that favours them.
+
+Iso-attainment (extra, labelled rows, never the headline): the floor leaves each tuned row at its own attainment,
+so a peer tuned to 99.6% and tokenyard tuned to 99.1% are not compared at equal attainment. For every tuned peer
+whose tuning-trace attainment is above tokenyard's, ``tokenyard_at_<peer>`` (row ``matched``) is the cheapest
+tokenyard grid point whose tuning-trace attainment is at least the peer's -- chosen on the tuning trace only,
+then run on the evaluation traces like every row. tokenyard's grid is as dense as the peers' (12 points against
+HPA's and Knative's 11). The closing ``target:`` lines judge each peer twice: strictly (the tuned rows as they
+are) and matched (the ``tokenyard_at_<peer>`` row); either is met only with fewer GPU-hours at an evaluation
+attainment at least as high.
 
 Seeds: tuning on one trace (seed 11), evaluation on ``BENCH_SEEDS`` other traces (default 3; 2 with
 ``BENCH_QUICK``); every figure is printed as the mean over the evaluation seeds +- its standard error, and the
@@ -455,6 +465,14 @@ class Autoscaler:
         raise NotImplementedError
 
 
+# tokenyard's burst reserve (spec.spareGroups), chosen on the tuning trace (seed 11) with quick probes and kept
+# for every grid point: a burst adds up to about 7 groups' worth of long prompts within seconds, faster than a
+# cold start. Seed 11, tuning-trace attainment at GPU-hours (target x KV : spare groups): 0.25:0 99.14% 106.2,
+# 0.15:0 99.78% 132.0; 0.3:4 99.56% 109.4; 0.3:5 99.74% 113.6; 0.35:6 99.73% 111.1; 0.45:7 99.73% 105.6;
+# 0.5:8 99.73% 105.6; 0.45:5 99.23% 98.2; 0.5:6 99.23% 98.6.
+SPARE_GROUPS = 7
+
+
 def tokenyard_spec(token_load_fraction: float) -> InferenceAutoscalerSpec:
     """The InferenceAutoscaler a user would write for this fleet, with the token-load target as the knob."""
     return InferenceAutoscalerSpec.parse(
@@ -474,6 +492,8 @@ def tokenyard_spec(token_load_fraction: float) -> InferenceAutoscalerSpec:
             # Release up to two groups a minute after the default stabilisation window (chosen on the tuning
             # trace; the CRD's default is one per two minutes).
             "scaleDown": {"maxGroups": 2, "periodSeconds": 60, "stabilizationWindowSeconds": 300},
+            # A burst reserve of SPARE_GROUPS groups' worth of token load (the CRD's default is none).
+            "spareGroups": SPARE_GROUPS,
         }
     )
 
@@ -681,16 +701,20 @@ def candidates() -> dict[str, list]:
         (0.05, 0.1, 0.2, 0.5, 0.9) if QUICK else (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
     )
     return {
-        # Token load per group as a share of a group's KV capacity. The TTFT SLO, not the cache, binds first
-        # (a group whose cache is a fifth full already queues prefills), so the grid sits lower than the
-        # fractions of compute capacity above.
+        # Token load per group as a share of a group's KV capacity, on top of the burst reserve. The TTFT SLO,
+        # not the cache, binds first (a group whose cache is a fifth full already queues prefills), so the grid
+        # does not reach a full cache.
         "tokenyard": [
             (
                 lambda f=f, feed="promql": TokenyardPolicy(
                     tokenyard_spec(f), f"token load target={f:g} x KV", feed=feed
                 )
             )
-            for f in ((0.05, 0.1, 0.15, 0.3) if QUICK else (0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4))
+            for f in (
+                (0.1, 0.2, 0.4, 0.6)
+                if QUICK
+                else (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8)
+            )
         ],
         "hpa_rps": [
             (lambda f=f: HpaPolicy("hpa_rps", "rps", per_group_rps() * f, per_ready_group=False))
@@ -756,13 +780,18 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
     return mean, se
 
 
-def tune(makers: list, trace: Trace) -> tuple[object, str, dict, bool]:
-    """The grid point that meets the SLO floor on the tuning trace with the fewest GPU-hours (else the highest
-    attainment); whether it sits on the grid's edge."""
+def sweep(makers: list, trace: Trace) -> list[tuple[dict, str, object]]:
+    """Every grid point run on the tuning trace: (its results, its knob, its maker), in grid order."""
     tried = []
     for make in makers:
         policy = make()
         tried.append((run(policy, trace), policy.knob, make))
+    return tried
+
+
+def tune(tried: list[tuple[dict, str, object]]) -> tuple[object, str, dict, bool]:
+    """The grid point that meets the SLO floor on the tuning trace with the fewest GPU-hours (else the highest
+    attainment); whether it sits on the grid's edge."""
     meeting = [t for t in tried if t[0]["slo_attainment"] >= TUNE_SLO_FLOOR]
     best = (
         min(meeting, key=lambda t: t[0]["gpu_hours"])
@@ -771,6 +800,12 @@ def tune(makers: list, trace: Trace) -> tuple[object, str, dict, bool]:
     )
     position = [t[1] for t in tried].index(best[1])
     return best[2], best[1], best[0], position in (0, len(tried) - 1)
+
+
+def cheapest_at(tried: list[tuple[dict, str, object]], attainment: float) -> tuple[dict, str, object] | None:
+    """The grid point with the fewest GPU-hours whose tuning-trace attainment is at least ``attainment``."""
+    reaching = [t for t in tried if t[0]["slo_attainment"] >= attainment]
+    return min(reaching, key=lambda t: t[0]["gpu_hours"]) if reaching else None
 
 
 def _se(value: float | None) -> float:
@@ -783,6 +818,15 @@ def _pm(mean: float, se: float, digits: int, percent: bool = False) -> str:
     if math.isnan(se):
         return f"{mean * scale:.{digits}f}{unit}"
     return f"{mean * scale:.{digits}f}{unit} ± {se * scale:.{digits}f}"
+
+
+def verdict(ours: dict, peer: dict) -> str:
+    """Met when tokenyard's row uses fewer GPU-hours at an SLO attainment at least as high (evaluation means)."""
+    met = ours["gpu_hours"] < peer["gpu_hours"] and ours["slo_attainment"] >= peer["slo_attainment"]
+    return (
+        f"{'met' if met else 'NOT met'}: SLO {ours['slo_attainment']:.2%} vs {peer['slo_attainment']:.2%}, "
+        f"GPU-hours {ours['gpu_hours']:.1f} vs {peer['gpu_hours']:.1f}"
+    )
 
 
 def main() -> None:
@@ -798,17 +842,40 @@ def main() -> None:
         f"tuning seed 11, evaluation seeds {seeds}"
     )
     rows: dict[str, tuple[str, str, object]] = {}  # name -> (row kind, setting, maker)
+    swept: dict[str, list] = {}  # name -> every grid point on the tuning trace
+    on_tuning: dict[str, dict] = {}  # name -> the tuned point's results on the tuning trace
     for name, makers in candidates().items():
-        make, knob, on_tuning, on_edge = tune(makers, tuning)
+        swept[name] = sweep(makers, tuning)
+        make, knob, on_tuning[name], on_edge = tune(swept[name])
         rows[name] = ("tuned", knob, make)
         edge = " -- ON THE GRID'S EDGE: widen it" if on_edge else ""
-        print(f"  tuned {name:<20} {knob:<28} (tuning trace: {on_tuning}){edge}", flush=True)
+        print(f"  tuned {name:<20} {knob:<28} (tuning trace: {on_tuning[name]}){edge}", flush=True)
         if name == "tokenyard":
             rows["tokenyard_oracle"] = (
                 "oracle",
                 f"{knob}, exact feed",
                 lambda make=make: make(feed="oracle"),
             )
+    print("  tokenyard's grid on the tuning trace (SLO met, GPU-hours):")
+    for result, knob, _ in swept["tokenyard"]:
+        print(f"    {knob:<28} {result['slo_attainment']:.2%} {result['gpu_hours']:.1f}")
+    # Iso-attainment: for each tuned peer above tokenyard's tuned attainment on the tuning trace, the cheapest
+    # tokenyard grid point that reaches the peer's tuning-trace attainment (chosen on the tuning trace only).
+    matched: dict[str, str] = {}  # peer -> its matched row's name, or "" when no grid point reaches it
+    for peer in candidates():
+        if (
+            peer == "tokenyard"
+            or on_tuning[peer]["slo_attainment"] <= on_tuning["tokenyard"]["slo_attainment"]
+        ):
+            continue
+        point = cheapest_at(swept["tokenyard"], on_tuning[peer]["slo_attainment"])
+        matched[peer] = "" if point is None else f"tokenyard_at_{peer}"
+        if point is None:
+            print(f"  no tokenyard grid point reaches {peer}'s {on_tuning[peer]['slo_attainment']:.2%}")
+            continue
+        result, knob, make = point
+        rows[matched[peer]] = ("matched", f"{knob}, >= {peer} on tuning", make)
+        print(f"  matched {peer:<18} {knob:<28} (tuning trace: {result})", flush=True)
     for name, make in documented_rows().items():
         rows[name] = ("documented", make().knob, make)
 
@@ -873,19 +940,24 @@ def main() -> None:
             f"{_pm(r['gpu_hours'], _se(r['gpu_hours_se']), 1):>15}{r['scale_actions']:>9.0f}"
             f"{r['worst_burst_recovery_s']:>15.0f}{ratio:>24}{gap:>20}"
         )
-    ours_mean = results["tokenyard"]
     print(
         "\ntarget: tokenyard as shipped (PromQL-fed, tuned) uses fewer GPU-hours than every tuned peer at an SLO"
     )
-    print("attainment at least as high (means over the evaluation seeds):")
+    print(
+        "attainment at least as high (means over the evaluation seeds). strict: the tuned rows as they are;"
+        " matched:\nthe cheapest tokenyard grid point at or above the peer's tuning-trace attainment"
+        " (tokenyard_at_<peer>), judged the same way:"
+    )
     for name, r in results.items():
         if r["row"] != "tuned" or name == "tokenyard":
             continue
-        met = ours_mean["gpu_hours"] < r["gpu_hours"] and ours_mean["slo_attainment"] >= r["slo_attainment"]
-        print(
-            f"  vs {name:<20} {'met' if met else 'NOT met'}: SLO {ours_mean['slo_attainment']:.2%} vs "
-            f"{r['slo_attainment']:.2%}, GPU-hours {ours_mean['gpu_hours']:.1f} vs {r['gpu_hours']:.1f}"
-        )
+        print(f"  vs {name:<20} strict  {verdict(results['tokenyard'], r)}")
+        if name not in matched:
+            print(f"  {'':<23} matched (tokenyard's tuned row already reaches its tuning-trace attainment)")
+        elif not matched[name]:
+            print(f"  {'':<23} matched NOT met: no tokenyard grid point reaches its tuning-trace attainment")
+        else:
+            print(f"  {'':<23} matched {verdict(results[matched[name]], r)}")
     print(f"wall time {time.monotonic() - started:.0f} s")
     final = {
         "bench": "autoscaler",

@@ -147,6 +147,7 @@ def policy_config_from_spec(spec: InferenceAutoscalerSpec) -> PolicyConfig:
         scale_down_stabilization_seconds=spec.scale_down.stabilization_window_seconds,
         cold_start_seconds=spec.cold_start_seconds,
         stale_after_seconds=spec.stale_after_seconds,
+        spare_groups=spec.spare_groups,
     )
 
 

@@ -22,7 +22,9 @@ rise, and the count is scaled for the projection. Backlogs (queued tokens, waiti
 requests, token load) are not: they rise *because* capacity is short, so they are
 read at once (the higher of the two windows) and sized for as they are, and while
 ordered groups load they may at most quadruple the ready groups -- pending groups are
-capacity on its way.
+capacity on its way. A burst that arrives faster than a cold start cannot be caught
+by any reading, so a total signal may ask for ``spare_groups`` more groups' worth of
+load than it sees (a burst reserve; 0 by default).
 """
 
 from __future__ import annotations
@@ -151,6 +153,11 @@ class PolicyConfig:
     cold_start_seconds: float = 120.0
     # A signal whose newest sample is older than this is stale: hold, never scale down.
     stale_after_seconds: float = 60.0
+    # Burst reserve: groups' worth of load added to every total signal's ask, so that a burst arriving faster
+    # than a cold start finds capacity serving (0: none). Scaling for the load alone leaves no room for a
+    # burst: on the autoscaler bench the remaining misses were the first minutes of bursts, while the groups
+    # ordered for them loaded.
+    spare_groups: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.signals:
@@ -167,6 +174,8 @@ class PolicyConfig:
             raise ValueError("tolerance must be >= 0")
         if self.scale_up_consecutive < 1:
             raise ValueError("scale_up_consecutive must be >= 1")
+        if not (self.spare_groups >= 0 and math.isfinite(self.spare_groups)):
+            raise ValueError(f"spare_groups must be a number >= 0, got {self.spare_groups!r}")
 
     @property
     def history_seconds(self) -> float:
@@ -501,6 +510,10 @@ class Policy:
         self, spec: SignalSpec, needed: float, obs: Observation, apply_tolerance: bool = True
     ) -> int | None:
         """The group count a signal asks for, given the groups' worth of load it sees."""
+        if spec.kind.is_total:
+            # The burst reserve is part of the ask before the tolerance is applied: added after it, a count
+            # within the tolerance would ask for current + spare at every decision and climb without end.
+            needed += self.config.spare_groups
         ratio = needed / max(obs.ready, 1)  # the signal per ready group against its target
         if apply_tolerance and abs(ratio - 1.0) <= self.config.tolerance:
             return obs.current

@@ -845,6 +845,15 @@ class InferenceAutoscalerSpec(ApiModel):
     stale_after_seconds: int = Field(
         default=60, ge=1, description="Samples older than this count as missing."
     )
+    spare_groups: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Burst reserve: groups' worth of load added to what each total signal (TokenLoad, QueuedTokens, "
+            "WaitingRequests, PromQL) asks for, so that a burst arriving faster than coldStartSeconds finds "
+            "capacity already serving. 0: none."
+        ),
+    )
     scale_up: ScalingRule = Field(default_factory=_default_scale_up, description="Scale-up rate limit.")
     scale_down: ScalingRule = Field(
         default_factory=_default_scale_down, description="Scale-down rate limit and stabilisation."

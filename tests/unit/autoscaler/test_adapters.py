@@ -151,6 +151,10 @@ def test_spec_maps_onto_the_policy_configuration():
         ("QueuedTokens", SignalKind.QUEUED_TOKENS, 2000),
     ]
     assert (cfg.min_groups, cfg.max_groups, cfg.scale_down_limit.groups) == (1, 8, 1)
+    assert cfg.spare_groups == 0
+    assert (
+        policy_config_from_spec(InferenceAutoscalerSpec.parse({**SPEC, "spareGroups": 3})).spare_groups == 3
+    )
 
 
 @pytest.mark.parametrize(

@@ -184,6 +184,37 @@ def test_missing_stale_or_nan_data_holds(kv_samples, problem):
     assert problem in d.reason.lower()
 
 
+def test_spare_groups_add_a_burst_reserve_to_a_total_signals_ask_only():
+    # 3 groups' worth of queued tokens (2000 per group) plus a reserve of 2: 5 groups.
+    policy = Policy(config(signals=(QUEUE,), scale_up_consecutive=1, spare_groups=2))
+    up = policy.decide(observe(1000, 3, {"queue": flat(6000.0, 1000)}))
+    assert (up.direction, up.desired) == (Direction.UP, 5)
+    # No load at all still keeps the reserve serving.
+    idle = Policy(config(signals=(QUEUE,), scale_up_consecutive=1, spare_groups=2))
+    assert idle.decide(observe(1000, 1, {"queue": flat(0.0, 1000)})).desired == 2
+    # A mean over ready groups (KV usage) and a latency get no reserve: 4 groups at 0.7 stay at 4.
+    mean_only = Policy(config(signals=(KV, TTFT), scale_up_consecutive=1, spare_groups=2))
+    held = mean_only.decide(observe(1000, 4, {"kv": flat(0.7, 1000), "ttft": flat(0.5, 1000)}))
+    assert (held.direction, held.desired) == (Direction.HOLD, 4)
+
+
+def test_spare_groups_do_not_ratchet_at_a_steady_load():
+    # Load worth 3 groups plus a reserve of 2 is 5 groups: once there, the ask stays within the tolerance
+    # (a reserve added after the tolerance would ask for current + 2 at every decision).
+    policy = Policy(config(signals=(QUEUE,), scale_up_consecutive=1, spare_groups=2))
+    desired = [
+        policy.decide(observe(now, 5, {"queue": flat(6000.0, now)})).desired for now in range(1000, 1300, 5)
+    ]
+    assert set(desired) == {5}
+
+
+def test_spare_groups_must_be_a_non_negative_number():
+    with pytest.raises(ValueError, match="spare_groups"):
+        config(spare_groups=-1)
+    with pytest.raises(ValueError, match="spare_groups"):
+        config(spare_groups=math.nan)
+
+
 def test_out_of_bounds_count_is_corrected():
     policy = Policy(config(min_groups=2, max_groups=5))
     assert policy.decide(observe(1000, 9, {"kv": flat(0.7, 1000), "queue": flat(0, 1000)})).desired == 5
