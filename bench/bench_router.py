@@ -14,7 +14,9 @@ Policies:
   hop, exact in-flight counts): the ideal, zero-overhead form of those balancers;
 - sglang:SETTING, vllm:SETTING: sglang-router 0.3.2 and vllm-router 0.1.17 with `--policy cache_aware` and the
   named setting of their grid (bench/router_peers.py): each at its defaults, and sglang-router also at
-  SGLANG_TUNED, the setting of its grid that did best on the tuning workloads.
+  SGLANG_TUNED, the setting of its grid that did best on the tuning workloads;
+- sglang:round_robin: sglang-router's own round robin, i.e. round robin as a user deploys it, a proxy with a
+  hop of its own, beside the hop-free bound above (added after the 2026-12-03 full run).
 
 Workloads (bench/router_workloads.py; rates relative to a capacity measured on one engine x ENGINES). The router's
 defaults, and SGLANG_TUNED, are chosen on the four tuning workloads only; the held-out families report them:
@@ -77,10 +79,11 @@ from dataclasses import dataclass, field
 import aiohttp
 from results_io import write_results
 from router_peers import (
+    OTHER_POLICIES,
     READINESS_PATH,
     SGLANG_ROUTER_GRID,
     VLLM_ROUTER_GRID,
-    cache_aware_argv,
+    peer_argv,
     router_ready,
 )
 from router_workloads import (
@@ -123,7 +126,7 @@ SGLANG_TUNED = "sglang:threshold_0.6"
 POLICIES = tuple(
     os.environ.get(
         "BENCH_POLICIES",
-        f"tokenyard,round_robin,least_outstanding,sglang:defaults,{SGLANG_TUNED},vllm:defaults",
+        f"tokenyard,round_robin,least_outstanding,sglang:defaults,{SGLANG_TUNED},vllm:defaults,sglang:round_robin",
     ).split(",")
 )
 # Tuning: extra tokenyard configurations run side by side with the others, as policies of their own:
@@ -139,9 +142,10 @@ POLICIES += tuple(name for name in VARIANTS if name not in POLICIES)
 for _policy in POLICIES:
     _router, _, _setting = _policy.partition(":")
     _grid = {"sglang": SGLANG_ROUTER_GRID, "vllm": VLLM_ROUTER_GRID}.get(_router)
-    if _grid is not None and _setting not in _grid:
+    if _grid is not None and _setting not in _grid and _setting not in OTHER_POLICIES:
         raise SystemExit(
-            f"BENCH_POLICIES: {_router} has no setting {_setting!r}; its grid: {', '.join(_grid)}"
+            f"BENCH_POLICIES: {_router} has no setting {_setting!r}; its grid: {', '.join(_grid)}; other policies: "
+            + ", ".join(OTHER_POLICIES)
         )
     if _grid is None and _policy not in ("tokenyard", "round_robin", "least_outstanding", *VARIANTS):
         raise SystemExit(f"BENCH_POLICIES: unknown policy {_policy!r}")
@@ -568,9 +572,14 @@ class RouterProcess:
         else:
             router, _, setting = policy.partition(":")
             grid = SGLANG_ROUTER_GRID if router == "sglang" else VLLM_ROUTER_GRID
-            args = cache_aware_argv(
-                router, "127.0.0.1", self.port, engines, free_port(), grid[setting], python=PY
-            )
+            if setting in OTHER_POLICIES:
+                args = peer_argv(
+                    router, "127.0.0.1", self.port, engines, free_port(), python=PY, policy=setting
+                )
+            else:
+                args = peer_argv(
+                    router, "127.0.0.1", self.port, engines, free_port(), grid[setting], python=PY
+                )
         # Its log goes to a file, never to a pipe nobody reads: a chatty router would fill the pipe and block.
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=self.log)

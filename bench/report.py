@@ -147,6 +147,8 @@ def router_kind(policy: str, payload: dict) -> str:
         return "peer, defaults"
     if policy in IDEAL_BALANCERS:
         return "peer, ideal (no proxy hop)"
+    if policy.endswith(":round_robin"):
+        return "peer, round robin through its proxy"
     return "peer"
 
 

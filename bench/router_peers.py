@@ -109,6 +109,11 @@ _GRID: dict[str, dict[str, float | int]] = {
 }
 VLLM_ROUTER_GRID: Mapping[str, Mapping[str, float | int]] = {k: dict(v) for k, v in _GRID.items()}
 SGLANG_ROUTER_GRID: Mapping[str, Mapping[str, float | int]] = {k: dict(v) for k, v in _GRID.items()}
+# Settings that select another of the peer's policies instead of a cache_aware grid point (`sglang:round_robin`
+# in BENCH_POLICIES). round_robin is round robin as a user would deploy it: a proxy in the path, with the same
+# hop as every router, where the benchmark's own `round_robin` row is dispatched by the load generator straight
+# to the engines (no hop at all, a bound no proxy reaches).
+OTHER_POLICIES = ("round_robin",)
 
 
 def _option_args(options: Mapping[str, Any] | None) -> list[str]:
@@ -131,7 +136,7 @@ PEER_ROUTERS: Mapping[str, tuple[str, str]] = {
 }
 
 
-def cache_aware_argv(
+def peer_argv(
     router: str,
     host: str,
     port: int,
@@ -140,13 +145,19 @@ def cache_aware_argv(
     options: Mapping[str, Any] | None = None,
     *,
     python: str = sys.executable,
+    policy: str = "cache_aware",
 ) -> list[str]:
     """The command line of a peer router (``router``: "vllm" for vllm-router 0.1.17, "sglang" for sglang-router
-    0.3.2) with the cache_aware policy over ``worker_urls``, its Prometheus metrics on 127.0.0.1:metrics_port."""
+    0.3.2) over ``worker_urls``, its Prometheus metrics on 127.0.0.1:metrics_port: the cache_aware policy with
+    ``options``, or one of ``OTHER_POLICIES``, which takes none."""
     if router not in PEER_ROUTERS:
         raise ValueError(f"unknown peer router {router!r}; known: {', '.join(PEER_ROUTERS)}")
     if not worker_urls:
         raise ValueError(f"{router}-router needs at least one worker URL")
+    if policy != "cache_aware" and policy not in OTHER_POLICIES:
+        raise ValueError(f"unknown peer policy {policy!r}; known: cache_aware, {', '.join(OTHER_POLICIES)}")
+    if policy != "cache_aware" and options:
+        raise ValueError(f"the {policy} policy takes no cache_aware options, got {dict(options)}")
     module, warning = PEER_ROUTERS[router]
     return [
         python,
@@ -157,7 +168,7 @@ def cache_aware_argv(
         "--port",
         str(port),
         "--policy",
-        "cache_aware",
+        policy,
         "--worker-urls",
         *worker_urls,
         "--log-level",

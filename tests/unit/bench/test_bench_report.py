@@ -359,3 +359,11 @@ def test_write_results_goes_to_bench_results_dir_with_the_run_record(tmp_path, m
 def test_results_dir_defaults_to_bench_results():
     assert results_io.results_dir({}) == _BENCH / "results"
     assert results_io.results_dir({"BENCH_RESULTS_DIR": "/tmp/x"}) == Path("/tmp/x")
+
+
+def test_router_kinds_tell_the_hop_free_balancers_from_round_robin_through_a_proxy():
+    payload = {"tuned_peers": ["sglang:threshold_0.6"], "tokenyard_variants": ["ty_asyncio"]}
+    assert report.router_kind("round_robin", payload) == "peer, ideal (no proxy hop)"
+    assert report.router_kind("sglang:round_robin", payload) == "peer, round robin through its proxy"
+    assert report.router_kind("sglang:threshold_0.6", payload) == "peer, tuned"
+    assert report.router_kind("ty_asyncio", payload) == "tokenyard variant (extra)"

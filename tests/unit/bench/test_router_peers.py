@@ -21,7 +21,7 @@ WORKERS = ["http://127.0.0.1:9001", "http://127.0.0.1:9002"]
     ],
 )
 def test_argv_launches_cache_aware_over_the_workers_with_the_options(router, module, grid):
-    argv = rp.cache_aware_argv(
+    argv = rp.peer_argv(
         router, "127.0.0.1", 8000, WORKERS, 9100, grid["threshold_0.1_balance_early"], python="py"
     )
     assert argv[:3] == ["py", "-m", module]
@@ -31,7 +31,7 @@ def test_argv_launches_cache_aware_over_the_workers_with_the_options(router, mod
     assert argv[argv.index("--prometheus-port") + 1] == "9100"
     assert argv[argv.index("--cache-threshold") + 1] == "0.1"
     assert argv[argv.index("--balance-abs-threshold") + 1] == "8"
-    defaults = rp.cache_aware_argv(router, "127.0.0.1", 8000, WORKERS, 9100, grid["defaults"])
+    defaults = rp.peer_argv(router, "127.0.0.1", 8000, WORKERS, 9100, grid["defaults"])
     assert not any(a.startswith(("--cache", "--balance", "--eviction", "--max-tree")) for a in defaults)
 
 
@@ -41,9 +41,9 @@ def test_grids_have_defaults_and_only_known_options():
         for options in grid.values():
             assert set(options) <= set(rp.CACHE_AWARE_OPTIONS)
     with pytest.raises(ValueError, match="unknown cache_aware option"):
-        rp.cache_aware_argv("vllm", "h", 1, WORKERS, 2, {"policy": "random"})
+        rp.peer_argv("vllm", "h", 1, WORKERS, 2, {"policy": "random"})
     with pytest.raises(ValueError, match="must be an integer"):
-        rp.cache_aware_argv("sglang", "h", 1, WORKERS, 2, {"balance_abs_threshold": 1.5})
+        rp.peer_argv("sglang", "h", 1, WORKERS, 2, {"balance_abs_threshold": 1.5})
 
 
 def test_router_ready_wants_every_worker_healthy():
@@ -51,3 +51,13 @@ def test_router_ready_wants_every_worker_healthy():
     assert not rp.router_ready(200, {"status": "ready", "healthy_workers": 1, "total_workers": 2})
     assert not rp.router_ready(503, {"healthy_workers": 2, "total_workers": 2})
     assert not rp.router_ready(200, "OK")
+
+
+def test_round_robin_is_launched_as_a_policy_of_its_own_without_cache_aware_options():
+    argv = rp.peer_argv("sglang", "127.0.0.1", 8000, WORKERS, 9100, python="py", policy="round_robin")
+    assert argv[argv.index("--policy") + 1] == "round_robin"
+    assert not any(a.startswith(("--cache", "--balance", "--eviction", "--max-tree")) for a in argv)
+    with pytest.raises(ValueError, match="takes no cache_aware options"):
+        rp.peer_argv("sglang", "h", 1, WORKERS, 2, {"cache_threshold": 0.5}, policy="round_robin")
+    with pytest.raises(ValueError, match="unknown peer policy 'consistent_hash'"):
+        rp.peer_argv("vllm", "h", 1, WORKERS, 2, policy="consistent_hash")
