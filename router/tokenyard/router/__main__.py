@@ -160,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
         "its prefill holds back (default: off)",
     )
     route.add_argument(
+        "--prefill-progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="count a replica's oldest open prompt as partly prefilled, by the time since it was sent and the "
+        "prefill rate the router measured there (default: on)",
+    )
+    route.add_argument(
         "--prefix-feedback",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -268,6 +275,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         miss_penalty=args.miss_penalty,
         prefix_feedback=args.prefix_feedback,
         prefill_interference=args.prefill_interference,
+        prefill_progress=args.prefill_progress,
     )
     return ServerOptions(
         host=args.host,

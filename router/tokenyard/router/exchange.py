@@ -168,7 +168,8 @@ class RoutedRequest:
             now = self.forwarder.clock()
             if self.first_token_at is None:
                 self.first_token_at = now
-                self.forwarder.state.ledger.first_token(route.ticket)
+                # A streamed first token came as the engine made it: it measures the replica's prefill rate
+                self.forwarder.state.ledger.first_token(route.ticket, None if whole else now)
                 if not self.shadow:
                     self.forwarder.metrics.ttft.labels(route.namespace, route.model, route.revision).observe(
                         now - self.started
@@ -181,7 +182,7 @@ class RoutedRequest:
                 self._inter_token.observe(now - self.last_token_at)
             self.last_token_at = now
         if carrying and not whole:
-            self.forwarder.state.ledger.generated(route.ticket, carrying)
+            self.forwarder.state.ledger.generated(route.ticket, carrying, now)
 
     def _read_usage(self, events: list[ResponseEvent]) -> None:
         """The engine's usage (once per answer): its count of the prompt's tokens teaches the router how many

@@ -97,6 +97,8 @@ class RouterSettings:
     retry_after_s: int = 1
     miss_penalty: float = DEFAULT_MISS_PENALTY  # see plugins.outstanding_tokens.expected_load
     prefill_interference: bool = False  # likewise
+    # Count the prefill a replica has likely done on our oldest open prompt there (accounting.LoadLedger.prefill_done)
+    prefill_progress: bool = True
     # Correct the prefix index from the cached tokens engines report per request (learn_cached_tokens).
     prefix_feedback: bool = False
 
@@ -258,7 +260,9 @@ class RouterState:
             revision=endpoint.revision,
             healthy=endpoint.name not in self.unreachable,
             ejected=self.failures.is_ejected(endpoint.name, now),
-            outstanding_tokens=max(0, load.tokens),
+            # What the replica owes, less the prefill it has likely done since our oldest open prompt there was
+            # sent (accounting.LoadLedger.prefill_done; requests of peer routers are counted whole).
+            outstanding_tokens=max(0, round(load.tokens - self._prefill_done(endpoint.name, now))),
             outstanding_requests=max(0, load.requests),
             kv_usage=stats.kv_usage if fresh and stats else None,
             queue_waiting=stats.waiting if fresh and stats else None,
@@ -266,6 +270,9 @@ class RouterState:
             kv_held_tokens=self.ledger.kv_held_tokens(endpoint.name),
             kv_capacity_tokens=self.kv_capacity_tokens.get(endpoint.name),  # only a reported figure
         )
+
+    def _prefill_done(self, replica: str, now: float) -> float:
+        return self.ledger.prefill_done(replica, now) if self.settings.prefill_progress else 0.0
 
     def pipeline_for(self, view: ModelView) -> Pipeline:
         weights = view.weights if view.weights is not None else self.settings.weights
@@ -370,7 +377,9 @@ class RouterState:
         chosen_blocks = blocks_by_size[chosen.block_size]
         hashes, private = chosen_blocks.hashes, private_of(chosen_blocks)
         kv = KvHold(tuple(hashes), private, chosen_blocks.tokens_per_block) if judge_kv else None
-        ticket = self.ledger.open(chosen.name, max(0, request.prompt_tokens - match), expected_output, kv)
+        ticket = self.ledger.open(
+            chosen.name, max(0, request.prompt_tokens - match), expected_output, kv, now
+        )
         # read before the insert below touches them
         match_last_used = self.index.last_used(chosen.name, hashes) if self.settings.prefix_feedback else ()
         self.index.insert(chosen.name, hashes, now, private)

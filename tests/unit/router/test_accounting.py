@@ -1,6 +1,7 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenyard.router.accounting import EjectionPolicy, FailureTracker, KvHold, LoadLedger
+from tokenyard.router.accounting import EjectionPolicy, FailureTracker, KvHold, LoadLedger, PrefillRate
 
 
 def test_ticket_releases_prefill_on_first_token_then_decode_then_rest():
@@ -16,6 +17,52 @@ def test_ticket_releases_prefill_on_first_token_then_decode_then_rest():
     ledger.close(ticket)  # idempotent
     assert ledger.load("a").requests == 0
     assert ledger.open_tickets() == 0
+
+
+def test_a_prompt_alone_on_its_replica_measures_the_prefill_rate_and_a_queued_or_whole_one_does_not():
+    ledger = LoadLedger()
+    assert ledger.prefill_rate("a") is None
+    alone = ledger.open("a", 1000, 10, now=10.0)
+    queued = ledger.open("a", 1000, 10, now=10.1)  # behind `alone`: its time to first token includes the wait
+    assert alone.measures_rate and not queued.measures_rate
+    ledger.first_token(alone, now=10.5)  # 1000 tokens in 0.5 s
+    assert ledger.prefill_rate("a") == 2000.0
+    ledger.first_token(queued, now=11.5)
+    assert ledger.prefill_rate("a") == 2000.0
+    whole = ledger.open("b", 1000, 10, now=0.0)
+    ledger.first_token(whole)  # a whole answer: its first token came with its last, no measure of prefill
+    assert ledger.prefill_rate("b") is None
+    short = ledger.open("c", 8, 10, now=0.0)  # too short: the network and a decode step dominate its time
+    ledger.generated(short, 1, now=0.1)
+    assert ledger.prefill_rate("c") is None
+
+
+def test_prefill_done_grows_from_the_oldest_open_prompt_at_the_measured_rate_up_to_what_is_owed():
+    ledger = LoadLedger()
+    probe = ledger.open("a", 1000, 0, now=0.0)
+    assert ledger.prefill_done("a", 0.2) == 0.0  # no measured rate yet: nothing counted as done
+    ledger.generated(probe, 1, now=0.5)  # 2000 tokens/s
+    ledger.close(probe)
+    first = ledger.open("a", 1000, 10, now=1.0)
+    second = ledger.open("a", 1000, 10, now=1.2)
+    assert ledger.prefill_done("a", 1.0) == 0.0
+    assert ledger.prefill_done("a", 1.25) == 500.0  # from the oldest, whoever is behind it
+    assert ledger.prefill_done("a", 5.0) == 2000.0  # never more than the two prompts owe
+    ledger.first_token(first, now=1.5)
+    # the second is the oldest now: counted from when it was sent, on its own 1000 tokens
+    assert ledger.prefill_done("a", 1.5) == pytest.approx(600.0)
+    ledger.close(second)
+    assert ledger.prefill_done("a", 1.5) == 0.0
+    assert ledger.prefill_done("elsewhere", 1.5) == 0.0
+
+
+def test_prefill_rate_is_a_moving_average_of_its_samples():
+    rate = PrefillRate(alpha=0.5)
+    rate.observe(1000, 1.0)
+    rate.observe(3000, 1.0)
+    assert rate.tokens_per_s == 2000.0
+    rate.observe(1000, 0.0)  # no time: no sample
+    assert rate.tokens_per_s == 2000.0
 
 
 def test_generating_more_than_expected_never_goes_negative():

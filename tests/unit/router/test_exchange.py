@@ -638,10 +638,10 @@ async def test_a_shadow_copy_cancelled_at_shutdown_is_not_counted_as_the_revisio
     shadow_streaming = asyncio.Event()
     first_token = r.state.ledger.first_token
 
-    def spy(ticket) -> None:
+    def spy(ticket, now=None) -> None:
         if ticket.replica == "e1":
             shadow_streaming.set()
-        first_token(ticket)
+        first_token(ticket, now)
 
     monkeypatch.setattr(r.state.ledger, "first_token", spy)
     primary.send(event("Once"), END)
