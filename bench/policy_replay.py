@@ -7,8 +7,8 @@ The load score is `plugins.outstanding_tokens.expected_load` as shipped (the mis
 shipped `accounting.LoadLedger`: each replica owes the uncached prompt tokens of its requests until their first
 token, less what it has likely prefilled since the oldest of them was sent (at the prefill rate the ledger
 measured), and their output tokens until streamed; a request goes to the replica owing least with its own prompt
-added, ties drawn at random. ``load_score_no_progress`` is the same score on the whole debt (before the ledger
-counted prefill progress).
+added, ties drawn at random. That is the router with ``--prefill-progress`` (opt-in); ``load_score_no_progress``
+is the same score on the whole debt, the router's default.
 
 Run: ``.venv/bin/python bench/policy_replay.py [RATE ...]`` (requests per modelled second; default 80 and 146,
 bench-router's no_sharing rate at its time scale of 10).
@@ -43,8 +43,8 @@ PROMPT_TOKENS = SYSTEM_WORDS // 2 + 10  # "Request <key>. " and half a system pr
 
 def replay(policy: str, rate: float, seconds: float = 400.0, seed: int = 1) -> list[float]:
     """Every request's TTFT (modelled seconds) under `policy`: "round_robin", "load_score" (the shipped score
-    on the shipped ledger: outstanding tokens less the prefill each replica has likely done, at its measured
-    rate), or "load_score_no_progress" (the same score on the whole debt, as before prefill progress)."""
+    on the shipped ledger with --prefill-progress: outstanding tokens less the prefill each replica has likely
+    done, at its measured rate), or "load_score_no_progress" (the same score on the whole debt, the default)."""
     rng = random.Random(seed)
     deployment = engine_options(1.0, 2048).deployment()
     engines = [

@@ -162,9 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     route.add_argument(
         "--prefill-progress",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="count a replica's oldest open prompt as partly prefilled, by the time since it was sent and the "
-        "prefill rate the router measured there (default: on)",
+        "prefill rate the router measured there (default: off)",
     )
     route.add_argument(
         "--prefix-feedback",

@@ -97,8 +97,12 @@ class RouterSettings:
     retry_after_s: int = 1
     miss_penalty: float = DEFAULT_MISS_PENALTY  # see plugins.outstanding_tokens.expected_load
     prefill_interference: bool = False  # likewise
-    # Count the prefill a replica has likely done on our oldest open prompt there (accounting.LoadLedger.prefill_done)
-    prefill_progress: bool = True
+    # Count the prefill a replica has likely done on our oldest open prompt there (accounting.LoadLedger.prefill_done).
+    # Off by default: on bench-router's tuning workloads (one run, 3 rounds, 2026-12-04, BENCH_VARIANTS) it removed
+    # no_sharing's burst tail (TTFT p99 0.320 -> 0.270 s, rounds 0.31/0.41/0.30 -> 0.27/0.27/0.27; round robin
+    # 0.265) with shared_prefix_70 unchanged, but shared_prefix_95's p99 rose 0.471 -> 0.559 and multi_turn's
+    # 0.217 -> 0.243 (one round each), so by the rule next to core.DEFAULT_WEIGHTS it is not a default yet.
+    prefill_progress: bool = False
     # Correct the prefix index from the cached tokens engines report per request (learn_cached_tokens).
     prefix_feedback: bool = False
 

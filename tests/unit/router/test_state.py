@@ -241,6 +241,7 @@ def test_cli_switches_for_prefix_feedback_and_prefill_interference():
 
 def test_a_replica_near_the_end_of_its_prompt_looks_lighter_than_one_that_just_began():
     state = state_with([Endpoint("a", "http://a"), Endpoint("b", "http://b")])
+    state.settings.prefill_progress = True  # --prefill-progress
     for name in ("a", "b"):  # each replica's prefill rate measured once: 2,000 tokens in 0.5 s
         probe = state.ledger.open(name, 1000, 0, now=0.0)
         state.ledger.first_token(probe, now=0.5)
@@ -251,7 +252,7 @@ def test_a_replica_near_the_end_of_its_prompt_looks_lighter_than_one_that_just_b
     # a has prefilled ~900 of its 1000 tokens by now, b ~100: what each still owes
     assert snapshots["a"].outstanding_tokens == 1010 - 900
     assert snapshots["b"].outstanding_tokens == 1010 - 100
-    state.settings.prefill_progress = False  # --no-prefill-progress: the whole debt, as before
+    state.settings.prefill_progress = False  # the default: the whole debt
     assert state.snapshot(state.models["m"].endpoints[0], 1.45).outstanding_tokens == 1010
     state.settings.prefill_progress = True
     routed = state.route("m", "unique prompt " * 50, 10, now=1.45)
@@ -262,8 +263,7 @@ def test_a_replica_near_the_end_of_its_prompt_looks_lighter_than_one_that_just_b
 
 def test_cli_switch_for_prefill_progress():
     parser = build_parser()
-    assert options_from_args(
-        parser.parse_args(["--backend", "a=http://127.0.0.1:1"])
-    ).settings.prefill_progress
-    off = parser.parse_args(["--backend", "a=http://127.0.0.1:1", "--no-prefill-progress"])
-    assert not options_from_args(off).settings.prefill_progress
+    plain = parser.parse_args(["--backend", "a=http://127.0.0.1:1"])
+    assert not options_from_args(plain).settings.prefill_progress
+    on = parser.parse_args(["--backend", "a=http://127.0.0.1:1", "--prefill-progress"])
+    assert options_from_args(on).settings.prefill_progress
