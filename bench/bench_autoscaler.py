@@ -14,16 +14,24 @@ per group, where the KV cache fills before compute runs out -- the regime the au
   GPUs until its pods are deleted: when its last request ends (less than one left, in the fluid model) or at
   ``DRAIN_TIMEOUT_S``, whichever comes first; requests still running then are cut off and count as misses.
 
-Fair tuning: each policy has one main knob (its target). For each policy the knob is swept over a grid on a
-*tuning* trace (another random seed of the same shape), and the setting that meets the TTFT SLO for at least
-``TUNE_SLO_FLOOR`` of the requests with the fewest GPU-hours is kept (the highest attainment if none meets it).
-The chosen settings then run on the evaluation traces (other seeds). Everything else is each system's documented default:
+Fair tuning: every policy is tuned over the same two-dimensional grid of its own knobs: its target (``TARGETS``,
+6 points in its metric's unit, spanning under- to over-provisioning) times a reserve of groups held against
+bursts (``RESERVES``, the same 5 values for every policy: tokenyard's burst reserve ``spareGroups`` from 0; HPA's
+``minReplicas``, KEDA's ``minReplicaCount`` and Knative's ``min-scale`` -- a floor of groups -- from
+``MIN_GROUPS``). Every point runs on a *tuning* trace (another random seed of the same shape), and the one that
+meets the TTFT SLO for at least ``TUNE_SLO_FLOOR`` of the requests with the fewest GPU-hours is kept (the highest
+attainment if none meets it); the bench prints every grid and says when the kept point sits on an edge a wider
+grid could move past (either end of the target axis, the top of the reserve axis). The target axis is coarser
+than the 1-D sweeps of earlier runs (6 points where they had 9 to 12), alike for every policy, to keep the run
+near 25 minutes. The chosen settings then run on the evaluation traces (other seeds). Everything else is each
+system's documented default:
 HPA's tolerance 0.1, 300 s scale-down stabilisation, 4 pods or 100% per 15 s up, 100% per 15 s down, a 15 s
 sync period (Kubernetes HPA docs); KEDA feeds the HPA an external metric as AverageValue (KEDA docs, scalers);
 Knative's KPA averages concurrency over a 60 s stable window and a 6 s panic window, panics at 200%, scales
 down at most by half per decision and decides every 2 s (Knative autoscaling docs, config-autoscaler defaults).
-All policies see the same cold start, the same bounds, and metrics every 5 s (Knative: every 1 s, as its
-queue-proxy reports).
+All policies see the same cold start, the same bound of ``MAX_GROUPS``, and metrics every 5 s (Knative: every
+1 s, as its queue-proxy reports). Every run starts with 2 groups serving; a floor or reserve above that is asked
+for at the first decision and serves a cold start later, alike for every policy.
 
 tokenyard runs as shipped: its policy is built from an ``InferenceAutoscalerSpec`` by the controller's own
 ``policy_config_from_spec`` (CRD defaults for everything the spec leaves out), and it reads the signals the way
@@ -38,11 +46,11 @@ requests x the mean prompt of recently finished requests, plus running x (mean p
 and its TTFT p95 is ``histogram_quantile`` over a minute of bucket rates, interpolated inside vLLM's 1.0-2.5 s
 bucket, up to 15 s old.
 Signals: token load (tuned target, as a fraction of a group's KV capacity), KV-cache usage 0.9 (a guard) and TTFT
-p95 against the SLO; scale-down 2 groups a minute after the default 300 s window and a burst reserve of
-``SPARE_GROUPS`` groups' worth of token load (``spareGroups``; chosen on the tuning trace, kept for every grid
-point: all are spec fields a user sets, and a second knob the peers do not get).
+p95 against the SLO; scale-down 2 groups a minute after the default 300 s window (spec fields a user sets), and
+a burst reserve of ``spareGroups`` groups' worth of token load (its tuned second knob, as the floors are the
+peers').
 
-Rows: each policy ``tuned`` (its knob swept on the tuning trace, as above) and at its documented default or
+Rows: each policy ``tuned`` (its two knobs swept on the tuning trace, as above) and at its documented default or
 documented example where one exists: ``tokenyard_example`` (``examples/autoscaler.yaml`` as shipped, max groups
 raised to the bench's bound), ``keda_queue_example`` (vLLM production-stack's KEDA tutorial: vllm:num_requests_waiting,
 threshold 5), ``knative_defaults`` (container-concurrency-target-default 100 x target utilisation 70%). HPA on
@@ -51,14 +59,14 @@ labelled row: the tuned tokenyard fed the exact token load and the exact TTFT p9
 PromQL estimates), to show what the estimation costs. The baselines read exact values (KEDA and HPA would read
 Prometheus too, 15 s stale): that favours them.
 
-Iso-attainment (extra, labelled rows, never the headline): the floor leaves each tuned row at its own attainment,
-so a peer tuned to 99.6% and tokenyard tuned to 99.1% are not compared at equal attainment. For every tuned peer
-whose tuning-trace attainment is above tokenyard's, ``tokenyard_at_<peer>`` (row ``matched``) is the cheapest
-tokenyard grid point whose tuning-trace attainment is at least the peer's -- chosen on the tuning trace only,
-then run on the evaluation traces like every row. tokenyard's grid is as dense as the peers' (12 points against
-HPA's and Knative's 11). The closing ``target:`` lines judge each peer twice: strictly (the tuned rows as they
-are) and matched (the ``tokenyard_at_<peer>`` row); either is met only with fewer GPU-hours at an evaluation
-attainment at least as high.
+Iso-attainment (extra, labelled rows, never the headline): the SLO floor leaves each tuned row at its own
+attainment, so a peer tuned to 99.6% and tokenyard tuned to 99.1% are not compared at equal attainment. For
+every tuned peer whose tuning-trace attainment is above tokenyard's, ``tokenyard_at_<peer>`` (row ``matched``)
+is the cheapest tokenyard grid point whose tuning-trace attainment is at least the peer's -- chosen on the
+tuning trace only, then run on the evaluation traces like every row (tokenyard's grid is the same size as every
+peer's). The closing ``target:`` lines judge each peer twice: strictly (the tuned rows as they are) and matched
+(the ``tokenyard_at_<peer>`` row); either is met only with fewer GPU-hours at an evaluation attainment at least
+as high.
 
 Seeds: tuning on one trace (seed 11), evaluation on ``BENCH_SEEDS`` other traces (default 3; 2 with
 ``BENCH_QUICK``); every figure is printed as the mean over the evaluation seeds +- its standard error, and the
@@ -70,6 +78,7 @@ Run: ``make bench-autoscaler`` (or ``BENCH_QUICK=1`` for a 2-hour trace and smal
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import json
 import math
@@ -79,6 +88,7 @@ import statistics
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -465,16 +475,9 @@ class Autoscaler:
         raise NotImplementedError
 
 
-# tokenyard's burst reserve (spec.spareGroups), chosen on the tuning trace (seed 11) with quick probes and kept
-# for every grid point: a burst adds up to about 7 groups' worth of long prompts within seconds, faster than a
-# cold start. Seed 11, tuning-trace attainment at GPU-hours (target x KV : spare groups): 0.25:0 99.14% 106.2,
-# 0.15:0 99.78% 132.0; 0.3:4 99.56% 109.4; 0.3:5 99.74% 113.6; 0.35:6 99.73% 111.1; 0.45:7 99.73% 105.6;
-# 0.5:8 99.73% 105.6; 0.45:5 99.23% 98.2; 0.5:6 99.23% 98.6.
-SPARE_GROUPS = 7
-
-
-def tokenyard_spec(token_load_fraction: float) -> InferenceAutoscalerSpec:
-    """The InferenceAutoscaler a user would write for this fleet, with the token-load target as the knob."""
+def tokenyard_spec(token_load_fraction: float, spare_groups: int = 0) -> InferenceAutoscalerSpec:
+    """The InferenceAutoscaler a user would write for this fleet, with the token-load target and the burst
+    reserve (``spareGroups``) as its two knobs."""
     return InferenceAutoscalerSpec.parse(
         {
             "scaleTargetRef": {"name": TARGET},
@@ -492,8 +495,9 @@ def tokenyard_spec(token_load_fraction: float) -> InferenceAutoscalerSpec:
             # Release up to two groups a minute after the default stabilisation window (chosen on the tuning
             # trace; the CRD's default is one per two minutes).
             "scaleDown": {"maxGroups": 2, "periodSeconds": 60, "stabilizationWindowSeconds": 300},
-            # A burst reserve of SPARE_GROUPS groups' worth of token load (the CRD's default is none).
-            "spareGroups": SPARE_GROUPS,
+            # A burst reserve of spare_groups groups' worth of token load (the CRD's default is none): a burst
+            # adds several groups' worth of long prompts within seconds, faster than a cold start.
+            "spareGroups": spare_groups,
         }
     )
 
@@ -552,11 +556,27 @@ class TokenyardPolicy(Autoscaler):
 
 
 class HpaPolicy(Autoscaler):
-    """The Kubernetes HPA's algorithm (pkg/controller/podautoscaler) on one metric, with default behaviour."""
+    """The Kubernetes HPA's algorithm (pkg/controller/podautoscaler) on one metric, with default behaviour.
 
-    def __init__(self, name: str, metric: str, target: float, per_ready_group: bool) -> None:
+    ``min_replicas`` is the HPA's ``spec.minReplicas`` (KEDA: the ScaledObject's ``minReplicaCount``, which KEDA
+    hands to the HPA it creates), a floor of groups: the bench's second knob for HPA and KEDA."""
+
+    def __init__(
+        self,
+        name: str,
+        metric: str,
+        target: float,
+        per_ready_group: bool,
+        min_replicas: int = MIN_GROUPS,
+        floor_name: str = "minReplicas",
+    ) -> None:
+        if not MIN_GROUPS <= min_replicas <= MAX_GROUPS:
+            raise ValueError(f"min_replicas must be in [{MIN_GROUPS}, {MAX_GROUPS}], got {min_replicas!r}")
         self.name, self.metric, self.target, self.per_ready_group = name, metric, target, per_ready_group
+        self.min_replicas = min_replicas
         self.knob = f"{metric} target={target:g}"
+        if min_replicas != MIN_GROUPS:
+            self.knob += f", {floor_name} {min_replicas}"
         self.value: float | None = None
         self.recommendations: deque[tuple[float, int]] = deque()
         self.steps: deque[tuple[float, int, int]] = deque()
@@ -566,6 +586,11 @@ class HpaPolicy(Autoscaler):
 
     def decide(self, now, current, ready, pending):
         """Held to the HPA's documentation and source by tests/unit/bench/test_autoscaler_baselines.py."""
+        if current < self.min_replicas:
+            # horizontal.go reconcileAutoscaler: "Current number of replicas below Spec.MinReplicas" -- straight
+            # to minReplicas, before any metric is read and without the scale-up policies.
+            self.steps.append((now, current, self.min_replicas))
+            return self.min_replicas
         if self.value is None:
             return current
         if self.per_ready_group:  # a per-pod average ("Pods" metric): ratio x ready pods
@@ -579,7 +604,7 @@ class HpaPolicy(Autoscaler):
         else:  # KEDA's external metric as AverageValue: ceil(total / target)
             ratio = self.value / (self.target * max(current, 1))
             wanted = current if abs(ratio - 1) <= 0.1 else math.ceil(self.value / self.target)
-        wanted = min(max(wanted, MIN_GROUPS), MAX_GROUPS)
+        wanted = min(max(wanted, self.min_replicas), MAX_GROUPS)
         self.recommendations.append((now, wanted))
         while now - self.recommendations[0][0] >= 300:  # kept only while after now - 300 s
             self.recommendations.popleft()
@@ -599,15 +624,29 @@ class HpaPolicy(Autoscaler):
 
 
 class KnativePolicy(Autoscaler):
-    """Knative's KPA (pkg/autoscaler/scaling/autoscaler.go) on in-flight requests per group."""
+    """Knative's KPA (pkg/autoscaler/scaling/autoscaler.go) on in-flight requests per group.
+
+    ``min_scale`` is the revision's ``autoscaling.knative.dev/min-scale`` annotation (Knative docs, "Configuring
+    scale bounds", https://knative.dev/docs/serving/autoscaling/scale-bounds/: the minimum number of replicas each
+    revision should have; Knative attempts never to have fewer at any point in time). The KPA applies it to the
+    decider's count as a bound (knative/serving pkg/reconciler/autoscaling/kpa/scaler.go, applyBounds), after the
+    panic and rate-limit logic, which stay unchanged: the bench's second knob for Knative. It is the KPA's only
+    knob that holds capacity in reserve: target-burst-capacity decides when the activator buffers requests, not
+    how many pods run, and initial-scale / activation-scale concern a revision's first pods and scale from zero,
+    which this fleet never reaches."""
 
     name = "knative_concurrency"
     decide_every_s = 2.0
     sample_every_s = 1.0
 
-    def __init__(self, target: float) -> None:
+    def __init__(self, target: float, min_scale: int = MIN_GROUPS) -> None:
+        if not MIN_GROUPS <= min_scale <= MAX_GROUPS:
+            raise ValueError(f"min_scale must be in [{MIN_GROUPS}, {MAX_GROUPS}], got {min_scale!r}")
         self.target = target  # already multiplied by the target utilisation
+        self.min_scale = min_scale
         self.knob = f"concurrency target={target:g}"
+        if min_scale != MIN_GROUPS:
+            self.knob += f", min-scale {min_scale}"
         self.samples: deque[tuple[float, float]] = deque()
         self.panic_since: float | None = None
         self.max_panic = 0
@@ -619,7 +658,7 @@ class KnativePolicy(Autoscaler):
 
     def decide(self, now, current, ready, pending):
         if not self.samples:
-            return current
+            return min(max(current, self.min_scale), MAX_GROUPS)
         stable = sum(v for _, v in self.samples) / len(self.samples)
         recent = [v for t, v in self.samples if now - t < 6]
         panic = sum(recent) / len(recent) if recent else stable
@@ -640,7 +679,7 @@ class KnativePolicy(Autoscaler):
             want = want_stable
         want = min(want, 1000 * ready)  # max-scale-up-rate
         want = max(want, math.floor(ready / 2.0))  # max-scale-down-rate 2.0
-        return min(max(want, MIN_GROUPS), MAX_GROUPS)
+        return min(max(want, self.min_scale), MAX_GROUPS)
 
 
 # ---------------------------------------------------------------------------------------------- one run
@@ -694,39 +733,79 @@ def per_group_rps() -> float:
     return 1.0 / sum(work_seconds(c) * w for c, w in ((CHAT, 0.5), (RAG, 0.25), (CODE, 0.25)))
 
 
-def candidates() -> dict[str, list]:
+# The grids (see the module docstring, "Fair tuning"). Every policy gets the same two axes: its target, 6 points
+# spanning under- to over-provisioning in its metric's unit, times a reserve of groups, the same 5 values for all
+# (tokenyard's burst reserve spareGroups from 0, none; the peers' floor minReplicas / minReplicaCount /
+# min-scale from MIN_GROUPS, none). 30 points a policy. The reserve's lowest value is the knob's own bound
+# (no reserve), so only its top is an edge to widen; both ends of the target axis are.
+RESERVES = (0, 10) if QUICK else (0, 5, 10, 15, 20)
+TARGETS = {
+    # tokenyard: token load per group as a share of a group's KV capacity, on top of the burst reserve.
+    "tokenyard": (0.2, 0.6) if QUICK else (0.15, 0.25, 0.35, 0.5, 0.7, 1.0),
+    # HPA and Knative: a share of a group's capacity (request rate, or busy sequences by Little's law).
+    "hpa_rps": (0.15, 0.4) if QUICK else (0.1, 0.15, 0.25, 0.4, 0.6, 0.9),
+    # KEDA: waiting requests per group (AverageValue); the vLLM production-stack example uses 5.
+    "keda_queue": (0.25, 5) if QUICK else (0.05, 0.15, 0.5, 1.5, 5, 15),
+    "knative_concurrency": (0.15, 0.4) if QUICK else (0.1, 0.15, 0.25, 0.4, 0.6, 0.9),
+}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A policy's two knobs: ``targets`` (its main knob) x ``reserves`` (its burst reserve or floor, in groups);
+    ``make(target, reserve, **options)`` builds the policy at one point."""
+
+    target_axis: str
+    reserve_axis: str
+    targets: tuple[float, ...]
+    reserves: tuple[int, ...]
+    make: Callable[..., Autoscaler]
+
+    def points(self) -> list[tuple[int, int]]:
+        """(target index, reserve index) of every grid point, reserve by reserve."""
+        return [(i, j) for j in range(len(self.reserves)) for i in range(len(self.targets))]
+
+    def maker(self, i: int, j: int) -> Callable[..., Autoscaler]:
+        return functools.partial(self.make, self.targets[i], self.reserves[j])
+
+
+def floors() -> tuple[int, ...]:
+    """The peers' floor axis: RESERVES as a count of groups, never below the bench's own minimum."""
+    return tuple(max(MIN_GROUPS, r) for r in RESERVES)
+
+
+def candidates() -> dict[str, Grid]:
     """Each policy's knob grid, in each metric's natural unit, spanning under- to over-provisioning."""
-    # Wide enough that every policy's best point lies inside its grid (the bench says when one sits on an edge).
-    fractions = (
-        (0.05, 0.1, 0.2, 0.5, 0.9) if QUICK else (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-    )
+
+    def tokenyard(f: float, spare: int, feed: str = "promql") -> Autoscaler:
+        knob = f"token load target={f:g} x KV, {spare} spare"
+        return TokenyardPolicy(tokenyard_spec(f, spare), knob, feed=feed)
+
+    def hpa(f: float, floor: int) -> Autoscaler:
+        return HpaPolicy("hpa_rps", "rps", per_group_rps() * f, per_ready_group=False, min_replicas=floor)
+
+    def keda(w: float, floor: int) -> Autoscaler:
+        return HpaPolicy(
+            "keda_queue",
+            "waiting",
+            w,
+            per_ready_group=False,
+            min_replicas=floor,
+            floor_name="minReplicaCount",
+        )
+
+    def knative(f: float, floor: int) -> Autoscaler:
+        return KnativePolicy(round(seqs_at_capacity() * f), min_scale=floor)
+
+    # The TTFT SLO, not the cache, binds tokenyard first (a group whose cache is a fifth full already queues
+    # prefills), so its target axis does not go past a full cache.
     return {
-        # Token load per group as a share of a group's KV capacity, on top of the burst reserve. The TTFT SLO,
-        # not the cache, binds first (a group whose cache is a fifth full already queues prefills), so the grid
-        # does not reach a full cache.
-        "tokenyard": [
-            (
-                lambda f=f, feed="promql": TokenyardPolicy(
-                    tokenyard_spec(f), f"token load target={f:g} x KV", feed=feed
-                )
-            )
-            for f in (
-                (0.1, 0.2, 0.4, 0.6)
-                if QUICK
-                else (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8)
-            )
-        ],
-        "hpa_rps": [
-            (lambda f=f: HpaPolicy("hpa_rps", "rps", per_group_rps() * f, per_ready_group=False))
-            for f in fractions
-        ],
-        "keda_queue": [
-            (lambda w=w: HpaPolicy("keda_queue", "waiting", w, per_ready_group=False))
-            for w in ((0.5, 2, 8, 32) if QUICK else (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64))
-        ],
-        "knative_concurrency": [
-            (lambda f=f: KnativePolicy(round(seqs_at_capacity() * f))) for f in fractions
-        ],
+        "tokenyard": Grid("token load x KV", "spareGroups", TARGETS["tokenyard"], RESERVES, tokenyard),
+        "hpa_rps": Grid("rps x a group's", "minReplicas", TARGETS["hpa_rps"], floors(), hpa),
+        "keda_queue": Grid("waiting per group", "minReplicaCount", TARGETS["keda_queue"], floors(), keda),
+        "knative_concurrency": Grid(
+            "concurrency x a group's", "min-scale", TARGETS["knative_concurrency"], floors(), knative
+        ),
     }
 
 
@@ -780,32 +859,71 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
     return mean, se
 
 
-def sweep(makers: list, trace: Trace) -> list[tuple[dict, str, object]]:
-    """Every grid point run on the tuning trace: (its results, its knob, its maker), in grid order."""
+@dataclass(frozen=True)
+class Tried:
+    """One grid point run on the tuning trace."""
+
+    result: dict
+    knob: str
+    make: Callable[..., Autoscaler]
+    at: tuple[int, int]  # (target index, reserve index) in its grid
+
+
+def sweep(grid: Grid, trace: Trace) -> list[Tried]:
+    """Every grid point run on the tuning trace, in grid order."""
     tried = []
-    for make in makers:
+    for i, j in grid.points():
+        make = grid.maker(i, j)
         policy = make()
-        tried.append((run(policy, trace), policy.knob, make))
+        tried.append(Tried(run(policy, trace), policy.knob, make, (i, j)))
     return tried
 
 
-def tune(tried: list[tuple[dict, str, object]]) -> tuple[object, str, dict, bool]:
+def tune(tried: list[Tried]) -> Tried:
     """The grid point that meets the SLO floor on the tuning trace with the fewest GPU-hours (else the highest
-    attainment); whether it sits on the grid's edge."""
-    meeting = [t for t in tried if t[0]["slo_attainment"] >= TUNE_SLO_FLOOR]
-    best = (
-        min(meeting, key=lambda t: t[0]["gpu_hours"])
-        if meeting
-        else max(tried, key=lambda t: t[0]["slo_attainment"])
-    )
-    position = [t[1] for t in tried].index(best[1])
-    return best[2], best[1], best[0], position in (0, len(tried) - 1)
+    attainment); the first in grid order on a tie."""
+    meeting = [t for t in tried if t.result["slo_attainment"] >= TUNE_SLO_FLOOR]
+    if meeting:
+        return min(meeting, key=lambda t: t.result["gpu_hours"])
+    return max(tried, key=lambda t: t.result["slo_attainment"])
 
 
-def cheapest_at(tried: list[tuple[dict, str, object]], attainment: float) -> tuple[dict, str, object] | None:
+def edges(grid: Grid, point: Tried) -> list[str]:
+    """The grid's edges a point sits on that a wider grid could move past: either end of the target axis, the
+    top of the reserve axis (its bottom is no reserve at all)."""
+    i, j = point.at
+    found = []
+    if i in (0, len(grid.targets) - 1):
+        found.append(f"{grid.target_axis} {grid.targets[i]:g}")
+    if j == len(grid.reserves) - 1 and len(grid.reserves) > 1:
+        found.append(f"{grid.reserve_axis} {grid.reserves[j]}")
+    return found
+
+
+def grid_table(grid: Grid, tried: list[Tried]) -> list[str]:
+    """The tuning trace's SLO attainment and GPU-hours at every grid point: a row per reserve, a column per
+    target; the tuned point marked with *."""
+    best = tune(tried).at
+    cells = {t.at: t.result for t in tried}
+    width = 15
+    lines = [
+        f"{grid.reserve_axis + ' / ' + grid.target_axis:<30}"
+        + "".join(f"{v:>{width}g}" for v in grid.targets)
+    ]
+    for j, reserve in enumerate(grid.reserves):
+        row = f"{reserve:<30}"
+        for i in range(len(grid.targets)):
+            r = cells[(i, j)]
+            mark = "*" if (i, j) == best else " "
+            row += f"{r['slo_attainment']:>8.2%} {r['gpu_hours']:>5.1f}{mark}"
+        lines.append(row)
+    return lines
+
+
+def cheapest_at(tried: list[Tried], attainment: float) -> Tried | None:
     """The grid point with the fewest GPU-hours whose tuning-trace attainment is at least ``attainment``."""
-    reaching = [t for t in tried if t[0]["slo_attainment"] >= attainment]
-    return min(reaching, key=lambda t: t[0]["gpu_hours"]) if reaching else None
+    reaching = [t for t in tried if t.result["slo_attainment"] >= attainment]
+    return min(reaching, key=lambda t: t.result["gpu_hours"]) if reaching else None
 
 
 def _se(value: float | None) -> float:
@@ -842,27 +960,34 @@ def main() -> None:
         f"tuning seed 11, evaluation seeds {seeds}"
     )
     rows: dict[str, tuple[str, str, object]] = {}  # name -> (row kind, setting, maker)
-    swept: dict[str, list] = {}  # name -> every grid point on the tuning trace
+    grids = candidates()
+    swept: dict[str, list[Tried]] = {}  # name -> every grid point on the tuning trace
     on_tuning: dict[str, dict] = {}  # name -> the tuned point's results on the tuning trace
-    for name, makers in candidates().items():
-        swept[name] = sweep(makers, tuning)
-        make, knob, on_tuning[name], on_edge = tune(swept[name])
-        rows[name] = ("tuned", knob, make)
-        edge = " -- ON THE GRID'S EDGE: widen it" if on_edge else ""
-        print(f"  tuned {name:<20} {knob:<28} (tuning trace: {on_tuning[name]}){edge}", flush=True)
+    for name, grid in grids.items():
+        swept[name] = sweep(grid, tuning)
+        best = tune(swept[name])
+        on_tuning[name] = best.result
+        rows[name] = ("tuned", best.knob, best.make)
+        on_edge = edges(grid, best)
+        edge = f" -- ON THE GRID'S EDGE ({', '.join(on_edge)}): widen it" if on_edge else ""
+        print(
+            f"  tuned {name:<20} {best.knob:<40} (tuning trace: {best.result}){edge} "
+            f"({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
+        print(f"  {name}'s grid on the tuning trace (SLO met, GPU-hours; * tuned):")
+        for line in grid_table(grid, swept[name]):
+            print(f"    {line}")
         if name == "tokenyard":
             rows["tokenyard_oracle"] = (
                 "oracle",
-                f"{knob}, exact feed",
-                lambda make=make: make(feed="oracle"),
+                f"{best.knob}, exact feed",
+                lambda make=best.make: make(feed="oracle"),
             )
-    print("  tokenyard's grid on the tuning trace (SLO met, GPU-hours):")
-    for result, knob, _ in swept["tokenyard"]:
-        print(f"    {knob:<28} {result['slo_attainment']:.2%} {result['gpu_hours']:.1f}")
     # Iso-attainment: for each tuned peer above tokenyard's tuned attainment on the tuning trace, the cheapest
     # tokenyard grid point that reaches the peer's tuning-trace attainment (chosen on the tuning trace only).
     matched: dict[str, str] = {}  # peer -> its matched row's name, or "" when no grid point reaches it
-    for peer in candidates():
+    for peer in grids:
         if (
             peer == "tokenyard"
             or on_tuning[peer]["slo_attainment"] <= on_tuning["tokenyard"]["slo_attainment"]
@@ -873,9 +998,8 @@ def main() -> None:
         if point is None:
             print(f"  no tokenyard grid point reaches {peer}'s {on_tuning[peer]['slo_attainment']:.2%}")
             continue
-        result, knob, make = point
-        rows[matched[peer]] = ("matched", f"{knob}, >= {peer} on tuning", make)
-        print(f"  matched {peer:<18} {knob:<28} (tuning trace: {result})", flush=True)
+        rows[matched[peer]] = ("matched", f"{point.knob}, >= {peer} on tuning", point.make)
+        print(f"  matched {peer:<18} {point.knob:<40} (tuning trace: {point.result})", flush=True)
     for name, make in documented_rows().items():
         rows[name] = ("documented", make().knob, make)
 
@@ -920,7 +1044,7 @@ def main() -> None:
 
     print(f"\nmean over {len(seeds)} evaluation seed(s) ± standard error")
     print(
-        f"{'policy':<21}{'row':<11}{'setting':<40}{'SLO met':>17}{'GPU-hours':>15}{'actions':>9}"
+        f"{'policy':<21}{'row':<11}{'setting':<50}{'SLO met':>17}{'GPU-hours':>15}{'actions':>9}"
         f"{'worst burst s':>15}{'tokenyard GPU-h ratio':>24}{'tokenyard SLO gap':>20}"
     )
     for name, r in results.items():
@@ -935,7 +1059,7 @@ def main() -> None:
             else ""
         )
         print(
-            f"{name:<21}{r['row']:<11}{r['setting']:<40}"
+            f"{name:<21}{r['row']:<11}{r['setting']:<50}"
             f"{_pm(r['slo_attainment'], _se(r['slo_attainment_se']), 2, percent=True):>17}"
             f"{_pm(r['gpu_hours'], _se(r['gpu_hours_se']), 1):>15}{r['scale_actions']:>9.0f}"
             f"{r['worst_burst_recovery_s']:>15.0f}{ratio:>24}{gap:>20}"
@@ -965,6 +1089,23 @@ def main() -> None:
         "ttft_slo_s": TTFT_SLO_S,
         "slo_floor": TUNE_SLO_FLOOR,
         "results": results,
+        # Every grid point on the tuning trace (seed 11), for each policy.
+        "tuning_grids": {
+            name: {
+                "target_axis": grids[name].target_axis,
+                "reserve_axis": grids[name].reserve_axis,
+                "points": [
+                    {
+                        "target": grids[name].targets[t.at[0]],
+                        "reserve": grids[name].reserves[t.at[1]],
+                        "slo_attainment": t.result["slo_attainment"],
+                        "gpu_hours": t.result["gpu_hours"],
+                    }
+                    for t in tried
+                ],
+            }
+            for name, tried in swept.items()
+        },
     }
     print(json.dumps(final))
     write_results("autoscaler", final)

@@ -281,3 +281,98 @@ def test_panic_floor_is_the_panic_peak_not_the_current_replicas():
     _feed(policy, 54, 60, 40.0)
     # Panic window 40 -> 4 pods = 2 x 2 ready -> panic; stable average 4 -> 1. Ten replicas exist, two ready.
     assert _kpa(policy, 59, ready=2, current=10) == 4
+
+
+# ---------------------------------------------------------------------------------------------- floors
+# The second knob each peer is tuned over (the bench's burst reserve for them): a floor of groups.
+# K8s HPA: spec.minReplicas; horizontal.go reconcileAutoscaler sets desired = minReplicas when the current count
+# is below it ("Current number of replicas below Spec.MinReplicas"), before reading any metric and without the
+# scale-up policies; convertDesiredReplicasWithBehaviorRate bounds every other recommendation below by it.
+# KEDA ScaledObject spec, "minReplicaCount": the minimum KEDA scales the target down to (it becomes the HPA's
+# minReplicas). Knative docs, "Configuring scale bounds" (https://knative.dev/docs/serving/autoscaling/scale-bounds/),
+# "min-scale": the minimum number of replicas of a revision; kpa/scaler.go applyBounds bounds the decider's count.
+def test_hpa_below_its_floor_goes_straight_to_it_without_the_scale_up_limit_or_a_metric():
+    policy = ba.HpaPolicy("hpa_test", "m", 1.0, per_ready_group=False, min_replicas=12)
+    assert policy.decide(0.0, 2, 2, 0) == 12  # +4 or x2 would allow 6; no metric read yet
+    assert "minReplicas 12" in policy.knob
+
+
+def test_hpa_scale_down_stops_at_its_floor():
+    policy = ba.HpaPolicy("hpa_test", "m", 1.0, per_ready_group=False, min_replicas=8)
+    for t in range(0, 300, 15):
+        assert _hpa_step(policy, float(t), 20.0, current=20) == 20
+    for t in range(300, 585, 15):  # the metric asks for 2; the window holds 20 meanwhile
+        assert _hpa_step(policy, float(t), 2.0, current=20) == 20, t
+    # Past the window (the t=285 recommendation is 300 s old at t=585): down at once (100 % per 15 s), to the
+    # floor of 8, not to the metric's 2.
+    assert _hpa_step(policy, 585.0, 2.0, current=20) == 8
+    assert _hpa_step(policy, 600.0, 0.0, current=8) == 8
+
+
+def test_hpa_floor_leaves_a_scale_up_above_it_unchanged():
+    floored = ba.HpaPolicy("hpa_test", "m", 10.0, per_ready_group=False, min_replicas=4)
+    assert _hpa_step(floored, 0.0, 70.0, current=4) == _hpa_step(_hpa(10.0), 0.0, 70.0, current=4) == 7
+
+
+@pytest.mark.parametrize("floor", [0, ba.MAX_GROUPS + 1])
+def test_a_floor_outside_the_bench_bounds_is_refused(floor):
+    with pytest.raises(ValueError, match="min_replicas"):
+        ba.HpaPolicy("hpa_test", "m", 1.0, per_ready_group=False, min_replicas=floor)
+    with pytest.raises(ValueError, match="min_scale"):
+        ba.KnativePolicy(10, min_scale=floor)
+
+
+def test_knative_min_scale_bounds_the_scale_down_rate_and_an_idle_revision():
+    policy = ba.KnativePolicy(10, min_scale=6)
+    _feed(policy, 0, 60, 0.0)
+    assert _kpa(policy, 59, ready=10) == 6  # the scale-down rate alone gives 5
+    assert _kpa(policy, 59, ready=6) == 6  # it would give 3
+    assert ba.KnativePolicy(10, min_scale=6).decide(0.0, 2, 2, 0) == 6  # no sample yet
+    assert "min-scale 6" in policy.knob
+
+
+def test_knative_min_scale_leaves_panic_above_it_unchanged():
+    decided = _kpa_burst_then_quiet(ba.KnativePolicy(10, min_scale=3), until=124)
+    assert all(decided[t] == 9 for t in range(58, 121, 2)), decided  # the panic peak, as without a floor
+    assert decided[124] == 3  # out of panic: the floor, where min-scale 1 gives 1
+
+
+# ---------------------------------------------------------------------------------------------- the grids
+# Every policy gets the same tuning effort: the same number of points on its target axis and the same reserve
+# axis, in groups (tokenyard's spareGroups from 0; the peers' floors from the bench's minimum).
+def test_every_policy_is_tuned_over_the_same_two_dimensional_grid():
+    grids = ba.candidates()
+    assert set(grids) == {"tokenyard", "hpa_rps", "keda_queue", "knative_concurrency"}
+    sizes = {(len(g.targets), len(g.reserves)) for g in grids.values()}
+    assert len(sizes) == 1
+    assert grids["tokenyard"].reserves == ba.RESERVES
+    for name in ("hpa_rps", "keda_queue", "knative_concurrency"):
+        assert grids[name].reserves == tuple(max(ba.MIN_GROUPS, r) for r in ba.RESERVES)
+    assert len(set(ba.RESERVES)) == len(ba.RESERVES) > 1
+
+
+def test_grid_points_build_each_policy_with_both_knobs():
+    grids = ba.candidates()
+    i, j = len(grids["tokenyard"].targets) - 1, len(ba.RESERVES) - 1
+    ours = grids["tokenyard"].maker(i, j)()
+    assert ours.policy.config.spare_groups == ba.RESERVES[j]
+    assert ours.reads_prometheus and not grids["tokenyard"].maker(i, j)(feed="oracle").reads_prometheus
+    assert grids["hpa_rps"].maker(0, j)().min_replicas == max(ba.MIN_GROUPS, ba.RESERVES[j])
+    keda = grids["keda_queue"].maker(0, j)()
+    assert keda.metric == "waiting" and f"minReplicaCount {keda.min_replicas}" in keda.knob
+    assert grids["knative_concurrency"].maker(0, j)().min_scale == max(ba.MIN_GROUPS, ba.RESERVES[j])
+
+
+def _tried(at, attainment, gpu_hours):
+    return ba.Tried({"slo_attainment": attainment, "gpu_hours": gpu_hours}, f"point {at}", None, at)
+
+
+def test_tuning_keeps_the_cheapest_point_over_the_floor_and_names_the_edges_it_sits_on():
+    grid = ba.Grid("t", "r", (0.1, 0.2, 0.3), (0, 5, 10), lambda t, r: None)
+    tried = [_tried((1, 1), 0.995, 100.0), _tried((2, 2), 0.991, 90.0), _tried((0, 0), 0.98, 50.0)]
+    assert ba.tune(tried).at == (2, 2)  # 0.98 misses the 99% floor however cheap
+    assert ba.edges(grid, ba.tune(tried)) == ["t 0.3", "r 10"]
+    assert ba.edges(grid, tried[0]) == []
+    assert ba.edges(grid, _tried((1, 0), 0.99, 1.0)) == []  # no reserve is the knob's bound, not an edge
+    # None meets the floor: the highest attainment.
+    assert ba.tune([_tried((0, 0), 0.9, 10.0), _tried((1, 0), 0.95, 20.0)]).at == (1, 0)
