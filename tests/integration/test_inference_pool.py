@@ -114,7 +114,12 @@ def test_the_pool_follows_its_deployment_once_the_crd_is_served(operator, apis, 
         timeout=30,
         what="the pool's target port to follow the engine port",
     )
-    assert f"InferencePool {namespace}/chat updated (spec.targetPorts)" in operator.log()
+    # The log line follows the write the API server already shows: await it rather than race it.
+    wait_for(
+        lambda: f"InferencePool {namespace}/chat updated (spec.targetPorts)" in operator.log(),
+        timeout=10,
+        what="the operator to log the pool's update",
+    )
 
     # A hand edit that would select the workers too is put back.
     apis[0].patch_namespaced_custom_object(
