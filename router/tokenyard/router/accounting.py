@@ -100,6 +100,9 @@ class LoadLedger:
         # replica -> its open tickets still owing prefill, oldest first (dicts keep insertion order)
         self._prefilling: dict[str, dict[int, Ticket]] = defaultdict(dict)
         self._rates: dict[str, PrefillRate] = defaultdict(PrefillRate)
+        # replica -> when its latest prefill of ours ended (its first token came): the engine turns to the next
+        # prompt in line only then, so progress on a queued prompt counts from there, not from when it was sent
+        self._prefill_ended_at: dict[str, float] = {}
 
     def open(
         self,
@@ -158,8 +161,11 @@ class LoadLedger:
         as soon as the engine made it (a stream; not the end of a whole answer), which measures the rate."""
         if ticket.closed or ticket.prefill_left == 0:
             return
-        if now is not None and ticket.measures_rate:
-            self._rates[ticket.replica].observe(ticket.prefill_left, now - ticket.opened_at)
+        if now is not None:
+            if ticket.measures_rate:
+                self._rates[ticket.replica].observe(ticket.prefill_left, now - ticket.opened_at)
+            ended = self._prefill_ended_at.get(ticket.replica)
+            self._prefill_ended_at[ticket.replica] = now if ended is None else max(ended, now)
         self._loads[ticket.replica].tokens -= ticket.prefill_left
         ticket.prefill_left = 0
         self._end_prefill(ticket)
@@ -176,15 +182,18 @@ class LoadLedger:
 
     def prefill_done(self, replica: str, now: float) -> float:
         """Prompt tokens of the replica's open prefills that it has likely prefilled by ``now``: its measured
-        rate times the time since the oldest of them was sent, never more than they owe (the engine works
-        through them in order). 0 before the replica's rate is measured."""
+        rate times the time the engine has been on them, never more than they owe (the engine works through
+        them in order). That time starts when the oldest was sent or, if a prefill ahead of it ended later,
+        then: a prompt queued behind another is not worked on while it waits. 0 before the replica's rate is
+        measured."""
         prefilling = self._prefilling.get(replica)
         rate = self.prefill_rate(replica)
         if not prefilling or not rate:
             return 0.0
         oldest = next(iter(prefilling.values()))
+        began = max(oldest.opened_at, self._prefill_ended_at.get(replica, oldest.opened_at))
         owed = sum(ticket.prefill_left for ticket in prefilling.values())
-        return min(float(owed), rate * max(0.0, now - oldest.opened_at))
+        return min(float(owed), rate * max(0.0, now - began))
 
     def generated(self, ticket: Ticket, tokens: int, now: float | None = None) -> None:
         """``tokens`` more output tokens streamed (the first one also ends the prefill; ``now`` as for
@@ -228,6 +237,12 @@ class LoadLedger:
 
     def open_tickets(self) -> int:
         return len(self._open)
+
+    def forget(self, replica: str) -> None:
+        """The replica went away: drop what was measured on it (a replica of the same name later is a new pod,
+        and must be measured afresh). Its open tickets still close as they end."""
+        self._rates.pop(replica, None)
+        self._prefill_ended_at.pop(replica, None)
 
 
 @dataclass

@@ -172,6 +172,7 @@ class RouterState:
         for endpoint in gone:
             self.index.forget(endpoint.name)
             self.failures.forget(endpoint.name)
+            self.ledger.forget(endpoint.name)
             self.stats.pop(endpoint.name, None)
             self.kv_capacity_tokens.pop(endpoint.name, None)
             self.unreachable.discard(endpoint.name)

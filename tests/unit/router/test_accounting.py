@@ -49,11 +49,29 @@ def test_prefill_done_grows_from_the_oldest_open_prompt_at_the_measured_rate_up_
     assert ledger.prefill_done("a", 1.25) == 500.0  # from the oldest, whoever is behind it
     assert ledger.prefill_done("a", 5.0) == 2000.0  # never more than the two prompts owe
     ledger.first_token(first, now=1.5)
-    # the second is the oldest now: counted from when it was sent, on its own 1000 tokens
-    assert ledger.prefill_done("a", 1.5) == pytest.approx(600.0)
-    ledger.close(second)
+    # the second is the oldest now, but it waited behind the first: the engine began on it at 1.5, not at 1.2
+    # when it was sent
     assert ledger.prefill_done("a", 1.5) == 0.0
+    assert ledger.prefill_done("a", 1.75) == pytest.approx(500.0)
+    ledger.close(second)
+    assert ledger.prefill_done("a", 1.75) == 0.0
     assert ledger.prefill_done("elsewhere", 1.5) == 0.0
+    # a prompt sent to the idle replica later counts from when it was sent
+    third = ledger.open("a", 1000, 10, now=3.0)
+    assert ledger.prefill_done("a", 3.1) == pytest.approx(200.0)
+    ledger.close(third)
+
+
+def test_a_replica_forgotten_is_measured_afresh():
+    ledger = LoadLedger()
+    probe = ledger.open("a", 1000, 0, now=0.0)
+    ledger.generated(probe, 1, now=0.5)
+    ledger.close(probe)
+    assert ledger.prefill_rate("a") == 2000.0
+    ledger.forget("a")
+    assert ledger.prefill_rate("a") is None
+    ledger.open("a", 1000, 10, now=1.0)
+    assert ledger.prefill_done("a", 1.5) == 0.0  # no rate for the new pod of that name yet
 
 
 def test_prefill_rate_is_a_moving_average_of_its_samples():
