@@ -32,7 +32,8 @@ Knative's KPA averages concurrency over a 60 s stable window and a 6 s panic win
 down at most by half per decision and decides every 2 s (Knative autoscaling docs, config-autoscaler defaults).
 All policies see the same cold start, the same bound of ``MAX_GROUPS``, and metrics every 5 s (Knative: every
 1 s, as its queue-proxy reports). Every run starts with 2 groups serving; a floor or reserve above that is asked
-for at the first decision and serves a cold start later, alike for every policy.
+for at the first decision and serves a cold start later, alike for every policy. What a run is scored on starts
+after a warm-up of ``WARMUP_S`` (10 min), before the first burst: the start from 2 groups is reported apart.
 
 tokenyard runs as shipped: its policy is built from an ``InferenceAutoscalerSpec`` by the controller's own
 ``policy_config_from_spec`` (CRD defaults for everything the spec leaves out), and it reads the signals the way
@@ -117,6 +118,12 @@ COLD_START_S = 120.0
 # comes first (Kubernetes' default termination grace period, and tokenyard's rollout.drainSeconds default);
 # until then it costs its GPUs. What is still running at the timeout is cut off and counts as a miss.
 DRAIN_TIMEOUT_S = 30.0
+# Every run starts with 2 groups serving, for a load that needs 3 or more, while the first floor or reserve groups
+# cold-start: in a probe of 2026-12-05 the first 5 minutes held most of every policy's misses (the tuned tokenyard
+# 550 of about 640 on the tuning trace, Knative's tuned KPA 405), so attainment compared the first decisions from
+# a cold fleet rather than autoscaling. SLO attainment, GPU-hours, cut-offs and scale actions count from
+# WARMUP_S on, alike for every policy; the warm-up's attainment is reported apart.
+WARMUP_S = 300.0 if QUICK else 600.0  # make_trace puts the first burst after 0.15 x its slot (540 / 648 s)
 TTFT_SLO_S = 1.5
 MIN_GROUPS, MAX_GROUPS = 1, 24
 TUNE_SLO_FLOOR = 0.99
@@ -245,8 +252,12 @@ class Stats:
 
 
 class Fleet:
-    def __init__(self, initial_groups: int) -> None:
+    def __init__(self, initial_groups: int, scored_from: float = 0.0) -> None:
         self.groups = [Group(ready_at=-1.0, ident=i) for i in range(initial_groups)]
+        # What happens before ``scored_from`` (the warm-up) is counted apart: requests by when they arrived,
+        # GPU time and cut-offs by when they happen.
+        self.scored_from = scored_from
+        self.stats, self.warmup_stats = Stats(), Stats()
         self.next_ident = initial_groups
         self.queue: deque[Queued] = deque()
         self.kv_capacity = KV_CAPACITY_TOKENS
@@ -274,7 +285,12 @@ class Fleet:
                 else:
                     g.draining, g.draining_since = True, now
 
-    def tick(self, now: float, rates: dict[RequestClass, float], rng: random.Random, stats: Stats) -> None:
+    def stats_at(self, t: float) -> Stats:
+        """The counters for what happens (or arrived) at time t: the scored ones, or the warm-up's."""
+        return self.stats if t >= self.scored_from else self.warmup_stats
+
+    def tick(self, now: float, rates: dict[RequestClass, float], rng: random.Random) -> None:
+        stats = self.stats_at(now)
         for cls, rate in rates.items():
             mean = rate * DT
             count = max(0.0, rng.gauss(mean, math.sqrt(mean))) if mean > 0 else 0.0  # Poisson-like noise
@@ -282,7 +298,7 @@ class Fleet:
                 self.queue.append(Queued(now, cls, count))
                 self.arrivals_recent.append((now, count))
                 stats.requests += count
-        self._admit(now, stats)
+        self._admit(now)
         for g in list(self.groups):
             if g.ready_at <= now:
                 self._run(g)
@@ -295,7 +311,7 @@ class Fleet:
                 self.groups.remove(g)
         stats.gpu_seconds += len(self.groups) * GPUS_PER_GROUP * DT
 
-    def _admit(self, now: float, stats: Stats) -> None:
+    def _admit(self, now: float) -> None:
         ready = self.ready(now)
         while self.queue and ready:
             head = self.queue[0]
@@ -323,7 +339,7 @@ class Fleet:
                 g.observe_ttft(ttft, share)
             self.ttft_recent.append((now, ttft, take))
             if ttft <= TTFT_SLO_S:
-                stats.met_slo += take
+                self.stats_at(head.arrived).met_slo += take
             head.count -= take
             if head.count < 1e-6:
                 self.queue.popleft()
@@ -686,9 +702,8 @@ class KnativePolicy(Autoscaler):
 # ---------------------------------------------------------------------------------------------- one run
 def run(policy: Autoscaler, trace: Trace) -> dict:
     rng = random.Random(trace.seed * 7919 + 1)
-    fleet = Fleet(initial_groups=2)
+    fleet = Fleet(initial_groups=2, scored_from=WARMUP_S)
     scrapes = ScrapedFleet() if policy.reads_prometheus else None
-    stats = Stats()
     next_sample = next_decision = 0.0
     burst_pending = {b.start_s: b for b in trace.bursts}
     watching: list[Burst] = []
@@ -696,7 +711,8 @@ def run(policy: Autoscaler, trace: Trace) -> dict:
     now = 0.0
     while now < span:
         rates = trace.mix(now)
-        fleet.tick(now, rates, rng, stats)
+        fleet.tick(now, rates, rng)
+        stats = fleet.stats_at(now)
         if scrapes is not None:
             scrapes.scrape(fleet, now)
         if now >= next_sample:
@@ -720,12 +736,15 @@ def run(policy: Autoscaler, trace: Trace) -> dict:
                 watching.remove(burst)
         now += DT
     # Requests still queued at the end count as misses: they are in `requests`, not in `met_slo`.
+    stats, warmup = fleet.stats, fleet.warmup_stats
     return {
         "slo_attainment": round(stats.met_slo / stats.requests, 4) if stats.requests else 0.0,
         "gpu_hours": round(stats.gpu_seconds / 3600, 2),
         "cut_off_requests": round(stats.cut_off, 1),
         "scale_actions": stats.scale_actions,
         "worst_burst_recovery_s": round(max(stats.burst_recovery_s, default=0.0), 1),
+        # The warm-up, not scored: how the policy copes with a fleet started at 2 groups.
+        "warmup_slo_attainment": round(warmup.met_slo / warmup.requests, 4) if warmup.requests else 0.0,
     }
 
 
@@ -1022,6 +1041,7 @@ def main() -> None:
             "cut_off_requests",
             "scale_actions",
             "worst_burst_recovery_s",
+            "warmup_slo_attainment",
         ):
             mean, se = mean_and_se([r[key] for r in runs])
             entry[key], entry[f"{key}_se"] = round(mean, 4), (None if math.isnan(se) else round(se, 4))
@@ -1045,10 +1065,13 @@ def main() -> None:
             (None if math.isnan(gap[1]) else round(gap[1], 4)),
         )
 
-    print(f"\nmean over {len(seeds)} evaluation seed(s) ± standard error")
+    print(
+        f"\nmean over {len(seeds)} evaluation seed(s) ± standard error; scored from {WARMUP_S:.0f} s on (the warm-up's"
+        " attainment in its own column)"
+    )
     print(
         f"{'policy':<21}{'row':<11}{'setting':<50}{'SLO met':>17}{'GPU-hours':>15}{'actions':>9}"
-        f"{'worst burst s':>15}{'tokenyard GPU-h ratio':>24}{'tokenyard SLO gap':>20}"
+        f"{'worst burst s':>15}{'tokenyard GPU-h ratio':>24}{'tokenyard SLO gap':>20}{'warm-up SLO':>13}"
     )
     for name, r in results.items():
         ratio = (
@@ -1065,7 +1088,7 @@ def main() -> None:
             f"{name:<21}{r['row']:<11}{r['setting']:<50}"
             f"{_pm(r['slo_attainment'], _se(r['slo_attainment_se']), 2, percent=True):>17}"
             f"{_pm(r['gpu_hours'], _se(r['gpu_hours_se']), 1):>15}{r['scale_actions']:>9.0f}"
-            f"{r['worst_burst_recovery_s']:>15.0f}{ratio:>24}{gap:>20}"
+            f"{r['worst_burst_recovery_s']:>15.0f}{ratio:>24}{gap:>20}{r['warmup_slo_attainment']:>13.2%}"
         )
     print(
         "\ntarget: tokenyard as shipped (PromQL-fed, tuned) uses fewer GPU-hours than every tuned peer at an SLO"
@@ -1091,6 +1114,7 @@ def main() -> None:
         "evaluation_seeds": seeds,
         "ttft_slo_s": TTFT_SLO_S,
         "slo_floor": TUNE_SLO_FLOOR,
+        "scored_from_s": WARMUP_S,
         "results": results,
         # Every grid point on the tuning trace (seed 11), for each policy.
         "tuning_grids": {

@@ -376,3 +376,29 @@ def test_tuning_keeps_the_cheapest_point_over_the_floor_and_names_the_edges_it_s
     assert ba.edges(grid, _tried((1, 0), 0.99, 1.0)) == []  # no reserve is the knob's bound, not an edge
     # None meets the floor: the highest attainment.
     assert ba.tune([_tried((0, 0), 0.9, 10.0), _tried((1, 0), 0.95, 20.0)]).at == (1, 0)
+
+
+# ---------------------------------------------------------------------------------------------- the warm-up
+# The fleet starts at 2 groups for a load that needs more: what happens before WARMUP_S is counted apart, requests
+# by when they arrived (one that waited through the warm-up and was served after it is still the warm-up's).
+def test_the_warm_up_is_counted_apart_by_arrival():
+    import random
+
+    fleet = ba.Fleet(initial_groups=1, scored_from=10.0)
+    rng = random.Random(1)
+    rates = {ba.RAG: 50.0}  # far more than one group admits: a queue builds during the warm-up
+    for t in range(10):
+        fleet.tick(float(t), rates, rng)
+    assert fleet.stats.requests == 0 and fleet.stats.gpu_seconds == 0
+    warm_requests, warm_met = fleet.warmup_stats.requests, fleet.warmup_stats.met_slo
+    assert warm_requests > 0 and warm_met < warm_requests
+    for t in range(10, 20):
+        fleet.tick(float(t), {ba.RAG: 0.0}, rng)  # nothing new arrives: only the warm-up's queue is served
+    assert fleet.stats.requests == 0 and fleet.stats.met_slo == 0
+    assert fleet.warmup_stats.requests == warm_requests
+    assert fleet.stats.gpu_seconds == 10 * ba.GPUS_PER_GROUP * ba.DT  # GPU time counts from the warm-up's end
+
+
+@pytest.mark.parametrize("seed", [11, 29, 35, 41, 3, 7])
+def test_no_burst_starts_inside_the_warm_up(seed):
+    assert 0 < ba.WARMUP_S < min(burst.start_s for burst in ba.make_trace(seed, 10.0).bursts)
