@@ -270,6 +270,12 @@ def autoscaler_section(payload: dict, out: Path) -> Section:
         f"Means over the evaluation seeds {seeds if seeds else '(not recorded)'} ± standard error; TTFT SLO "
         f"{fmt(slo, 1)} s, floor {fmt(floor, 0, percent=True)} of requests. Ratios are tokenyard's GPU-hours over "
         "the row's (below 1: tokenyard cheaper) and tokenyard's SLO attainment minus the row's, paired per seed."
+        + (
+            f" Scored from {fmt(payload['scored_from_s'], 0)} s into each trace on (a warm-up from 2 groups, the same"
+            " for every policy)."
+            if payload.get("scored_from_s")
+            else ""
+        )
     )
     rows = []
     for name in shipped_first(results):
