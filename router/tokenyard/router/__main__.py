@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from tokenyard.core.cli import OneLineParser
@@ -25,7 +27,7 @@ from tokenyard.router.kube import DiscoveryUnavailable
 from tokenyard.router.plugins.not_saturated import SaturationLimits
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
 from tokenyard.router.prefix import Tokenizer
-from tokenyard.router.server import RouterServer, ServerOptions
+from tokenyard.router.server import CLOSE_BUDGET_S, RouterServer, ServerOptions
 from tokenyard.router.state import RouterSettings
 from tokenyard.router.tokenizing import TokenizerUnavailable, load_tokenizer
 
@@ -299,6 +301,23 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
     )
 
 
+# Past the drain and the close budget, the event loop's own shutdown (cancelling what is left, joining the default
+# executor's threads) could still wait on a task or thread stuck on a dependency that never answers; the process
+# then exits anyway, this long after the signal, rather than waiting for Kubernetes' SIGKILL.
+HARD_STOP_MARGIN_S = 2.0
+
+
+def _exit_by(seconds: float) -> None:
+    def hard_stop() -> None:
+        log.warning("still stopping %.0fs after the signal: exiting now", seconds)
+        logging.shutdown()
+        os._exit(0)  # asked to stop, and stopped: the drain is over, only closing hung
+
+    timer = threading.Timer(seconds, hard_stop)
+    timer.daemon = True  # a process that stops in time exits without waiting for it
+    timer.start()
+
+
 async def serve(options: ServerOptions) -> None:
     server = RouterServer(options)
     stop = asyncio.Event()
@@ -309,6 +328,7 @@ async def serve(options: ServerOptions) -> None:
         await server.start()
         await stop.wait()
         log.info("signal received: draining")
+        _exit_by(options.drain_timeout_s + CLOSE_BUDGET_S + HARD_STOP_MARGIN_S)
         await server.drain_and_stop()
     except BaseException:
         await server.stop()

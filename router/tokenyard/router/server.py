@@ -23,6 +23,11 @@ from tokenyard.router.telemetry import RouterMetrics
 
 log = logging.getLogger("tokenyard.router")
 
+# After the drain, closing what is left (HTTP sites, background tasks, engine and Redis connections) may take this
+# long in all; a step that has not finished by then is named in the log and left behind, so that a dependency that
+# hangs (Redis or the API server accepting connections and never answering) cannot hold the exit.
+CLOSE_BUDGET_S = 3.0
+
 
 @dataclass
 class ServerOptions:
@@ -174,16 +179,31 @@ class RouterServer:
         grpc_servers = [server for server in (self._grpc, self._epp) if server is not None]
         self._grpc = self._epp = None
         await asyncio.gather(*(server.stop(grace=grpc_grace_s) for server in grpc_servers))
+        deadline = asyncio.get_running_loop().time() + CLOSE_BUDGET_S
         runners, self._runners = self._runners, []
         for runner in runners:
-            await runner.cleanup()
+            await _within(deadline, "the HTTP listeners", runner.cleanup())
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            await _within(deadline, "the background tasks", asyncio.gather(*tasks, return_exceptions=True))
         if self.forwarder is not None:
-            await self.forwarder.close()
+            await _within(deadline, "the engine connections", self.forwarder.close())
         if self.shared is not None:
-            await self.shared.close()
+            await _within(deadline, "the Redis connection", self.shared.close())
         if self.session is not None:
-            await self.session.close()
+            await _within(deadline, "the HTTP client", self.session.close())
+
+
+async def _within(deadline: float, what: str, step) -> None:
+    """Await one closing step until ``deadline`` (loop time); past it, say so and go on without it."""
+    left = max(0.1, deadline - asyncio.get_running_loop().time())
+    # asyncio.wait, not wait_for: wait_for would wait on for a step that does not take its cancellation.
+    future = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({future}, timeout=left)
+    if not done:
+        future.cancel()
+        log.warning("stopping: %s did not close within the %.0fs budget; leaving them", what, CLOSE_BUDGET_S)
+    elif not future.cancelled() and future.exception() is not None:
+        log.warning("stopping: closing %s failed: %r", what, future.exception())
