@@ -15,7 +15,7 @@ blocks do not fit waits for others to finish however little compute that replica
 
 A replica's prefill debt is not all still ahead: an engine prefills the prompts it has in arrival order, so the
 oldest open prefill on a replica has been worked on since it was sent. ``prefill_done`` estimates how much, from
-the time since then and the replica's prefill rate as this router has measured it (``PrefillRate``: prompt
+the time since then and the replica's prefill rate as this router has measured it (``PrefillRate``: the median of prompt
 tokens over time to first token, from requests that found no other prefill of ours ahead of them). Without it,
 two replicas owing one prompt each look alike though one is about to finish it and the other has just begun:
 the load score then sends the next request of a burst to the one that began last, where round robin's rotation
@@ -27,7 +27,8 @@ such a burst at p99). Until a replica has a measured rate, nothing is counted as
 from __future__ import annotations
 
 import itertools
-from collections import Counter, defaultdict
+import statistics
+from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -65,19 +66,30 @@ class Ticket:
 
 @dataclass
 class PrefillRate:
-    """A replica's prefill rate in prompt tokens per second, as a moving average of what it showed. Samples come
-    from prompts of at least ``min_tokens`` (below that, the network and the engine's step dominate the time)."""
+    """A replica's prefill rate in prompt tokens per second: the median of the last ``window`` samples it
+    showed. Samples come from prompts of at least ``min_tokens`` (below that, the network and the engine's step
+    dominate the time).
 
-    alpha: float = 0.2
+    A median, not a moving average: a sample is the tokens the router expected to be prefilled over the time
+    to first token, and where the engine held more of the prompt than the router's index knew (a prefix it kept
+    that the index had evicted, or that another router sent), the time is short for the tokens and the sample
+    is many times the real rate. One such sample moved a moving average by a fifth of its size and made every
+    prompt in flight on that replica look nearly done; a median of 15 ignores up to 7 of them."""
+
+    window: int = 15
     min_tokens: int = 64
-    tokens_per_s: float | None = None
+    _samples: deque[float] = field(default_factory=deque)
 
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens < self.min_tokens or seconds <= 0:
             return
-        sample = tokens / seconds
-        previous = self.tokens_per_s
-        self.tokens_per_s = sample if previous is None else previous + self.alpha * (sample - previous)
+        self._samples.append(tokens / seconds)
+        while len(self._samples) > self.window:
+            self._samples.popleft()
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return statistics.median(self._samples) if self._samples else None
 
 
 @dataclass

@@ -74,13 +74,21 @@ def test_a_replica_forgotten_is_measured_afresh():
     assert ledger.prefill_done("a", 1.5) == 0.0  # no rate for the new pod of that name yet
 
 
-def test_prefill_rate_is_a_moving_average_of_its_samples():
-    rate = PrefillRate(alpha=0.5)
-    rate.observe(1000, 1.0)
-    rate.observe(3000, 1.0)
+def test_prefill_rate_is_the_median_of_its_recent_samples_so_a_few_wild_ones_do_not_move_it():
+    rate = PrefillRate(window=5)
+    assert rate.tokens_per_s is None
+    for _ in range(3):
+        rate.observe(1000, 0.5)  # 2000 tokens/s
+    # two prompts the engine had mostly cached though the router expected to prefill them whole
+    rate.observe(1000, 0.01)
+    rate.observe(1000, 0.02)
     assert rate.tokens_per_s == 2000.0
     rate.observe(1000, 0.0)  # no time: no sample
+    rate.observe(10, 0.001)  # too short to measure prefill
     assert rate.tokens_per_s == 2000.0
+    for _ in range(3):  # the replica really got faster: the window follows within half its length
+        rate.observe(1000, 0.25)
+    assert rate.tokens_per_s == 4000.0
 
 
 def test_generating_more_than_expected_never_goes_negative():
