@@ -357,6 +357,7 @@ def part_one() -> dict[str, dict]:
             entry[metric] = round(value, digits)
             entry[f"{metric}_published"] = round(published.value, digits) if published else None
             if published:
+                entry[f"{metric}_role"] = published.role  # fit / held out / excluded, for the results table
                 sources.setdefault(published.source, f"[{len(sources) + 1}]")
                 ratio = value / published.value
                 role = published.role

@@ -649,12 +649,15 @@ def sim_section(payload: dict, out: Path) -> Section:
             continue
         for metric in (key for key in entry if f"{key}_published" in entry):
             published = entry[f"{metric}_published"]
+            role = entry.get(f"{metric}_role") or ("-" if published is None else "")
             rows.append(
-                [preset, metric, fmt(entry[metric], 1), fmt(published, 1), ratio(entry[metric], published)]
+                [preset, metric, fmt(entry[metric], 1), fmt(published, 1), ratio(entry[metric], published), role]
             )
     blocks = [
-        "The simulator against published figures (ratio: simulated ÷ published; '-': no published figure).",
-        table(["preset", "metric", "simulated", "published", "ratio"], rows),
+        "The simulator against published figures (ratio: simulated ÷ published; '-': no published figure). "
+        "Role: `fit`, the per-sequence step cost was fitted to it; `held out`, a check of that fit; `excluded`, "
+        "something besides the engine limits it (the run's text output says what).",
+        table(["preset", "metric", "simulated", "published", "ratio", "role"], rows),
     ]
     matched = results.get("within_15_percent")
     if isinstance(matched, dict):

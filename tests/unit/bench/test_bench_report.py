@@ -272,6 +272,7 @@ def test_sim_and_operator_cluster_tables(tmp_path):
                     "num_gpu_blocks": 1000,
                     "decode_tok_s_c1": 150.0,
                     "decode_tok_s_c1_published": 120.0,
+                    "decode_tok_s_c1_role": "excluded",
                     "prefill_tok_s": 9000.0,
                     "prefill_tok_s_published": None,
                 },
@@ -295,8 +296,8 @@ def test_sim_and_operator_cluster_tables(tmp_path):
     markdown = report.write_report(tmp_path)[0].read_text()
 
     assert table_rows(markdown, "llama/h100/tp1") == [
-        ["llama/h100/tp1", "decode_tok_s_c1", "150.0", "120.0", "1.25"],
-        ["llama/h100/tp1", "prefill_tok_s", "9,000.0", "-", "-"],
+        ["llama/h100/tp1", "decode_tok_s_c1", "150.0", "120.0", "1.25", "excluded"],
+        ["llama/h100/tp1", "prefill_tok_s", "9,000.0", "-", "-", "-"],
     ]
     assert "| all | 3 of 4 |" in markdown
     assert table_rows(markdown, "apply -> ready")[0] == ["apply -> ready", "6.00", "4.00", "1.50"]
