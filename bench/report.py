@@ -651,7 +651,14 @@ def sim_section(payload: dict, out: Path) -> Section:
             published = entry[f"{metric}_published"]
             role = entry.get(f"{metric}_role") or ("-" if published is None else "")
             rows.append(
-                [preset, metric, fmt(entry[metric], 1), fmt(published, 1), ratio(entry[metric], published), role]
+                [
+                    preset,
+                    metric,
+                    fmt(entry[metric], 1),
+                    fmt(published, 1),
+                    ratio(entry[metric], published),
+                    role,
+                ]
             )
     blocks = [
         "The simulator against published figures (ratio: simulated ÷ published; '-': no published figure). "
