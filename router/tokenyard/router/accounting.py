@@ -15,8 +15,8 @@ blocks do not fit waits for others to finish however little compute that replica
 
 A replica's prefill debt is not all still ahead: an engine prefills the prompts it has in arrival order, so the
 oldest open prefill on a replica has been worked on since it was sent. ``prefill_done`` estimates how much, from
-the time since then and the replica's prefill time as this router has measured it (``PrefillTime``: a fixed wait plus the prompt tokens
-at a rate, fitted to the time to first token of requests that found no other prefill of ours ahead of them). Without it,
+the time since then and the replica's prefill rate as this router has measured it (``PrefillRate``: the median of prompt
+tokens over time to first token, from requests that found no other prefill of ours ahead of them). Without it,
 two replicas owing one prompt each look alike though one is about to finish it and the other has just begun:
 the load score then sends the next request of a burst to the one that began last, where round robin's rotation
 sends it to the one that began first (bench/policy_replay.py: the load score's TTFT p99.7 30.1 ms against round
@@ -64,67 +64,32 @@ class Ticket:
         return self.prefill_left + self.decode_left
 
 
-# Two prompts inform the slope of a replica's time to first token only when their sizes differ by this many
-# tokens and by this share of the larger: prompts of about one size (every prompt unique and alike) give slopes
-# of noise over nothing.
-SLOPE_MIN_SPREAD_TOKENS = 64
-SLOPE_MIN_SPREAD_SHARE = 0.25
-SLOPE_MIN_PAIRS = 3
-
-
 @dataclass
-class PrefillTime:
-    """A replica's time to first token as a line in the prompt tokens it prefills: ``fixed_s`` plus the tokens
-    at ``tokens_per_s``, fitted to the last ``window`` samples it showed.
+class PrefillRate:
+    """A replica's prefill rate in prompt tokens per second: the median of the last ``window`` samples it
+    showed. Samples come from prompts of at least ``min_tokens`` (below that, the network and the engine's step
+    dominate the time).
 
-    Not a rate through zero: a prompt that is mostly cached (the tail of a shared prefix, the new turn of a
-    conversation) still waits for the engine's next step, which a batch of decodes makes long. On bench-router's
-    shared_prefix_95 (2026-12-05) a 47-token tail took 0.127 s at the median and a 2,741-token prompt 0.456 s;
-    the rate measured on whole prompts (about 6,000 tokens/s) counted the tail done after 8 ms. The line is
-    fitted as Theil and Sen do (the median of the slopes between pairs of samples of clearly different sizes,
-    then the median intercept), so samples where the engine held more of the prompt than the router's index
-    knew (the time is short for the tokens) move it no more than they moved the median rate. Where the sizes do
-    not differ enough for a slope (every prompt alike, as in no_sharing), it is the median rate of the prompts
-    of at least ``min_tokens``, through zero. (The line alone did not change bench-router's tails: with it,
-    progress counted for every request still raised shared_prefix_95's TTFT p99 from 0.47 to 0.56 s; what did
-    is counting progress only for requests no replica has cached, ``plugins.outstanding_tokens``.)"""
+    A median, not a moving average: a sample is the tokens the router expected to be prefilled over the time
+    to first token, and where the engine held more of the prompt than the router's index knew (a prefix it kept
+    that the index had evicted, or that another router sent), the time is short for the tokens and the sample
+    is many times the real rate. One such sample moved a moving average by a fifth of its size and made every
+    prompt in flight on that replica look nearly done; a median of 15 ignores up to 7 of them."""
 
-    window: int = 31
+    window: int = 15
     min_tokens: int = 64
-    _samples: deque[tuple[int, float]] = field(default_factory=deque)
-    fixed_s: float = 0.0
-    tokens_per_s: float | None = None
+    _samples: deque[float] = field(default_factory=deque)
 
     def observe(self, tokens: int, seconds: float) -> None:
-        if tokens <= 0 or seconds <= 0:
+        if tokens < self.min_tokens or seconds <= 0:
             return
-        self._samples.append((tokens, seconds))
+        self._samples.append(tokens / seconds)
         while len(self._samples) > self.window:
             self._samples.popleft()
-        self._fit()
 
-    def _fit(self) -> None:
-        samples = list(self._samples)
-        slopes = [
-            (s1 - s0) / (t1 - t0)
-            for (t0, s0), (t1, s1) in itertools.combinations(sorted(samples), 2)
-            if t1 - t0 >= max(SLOPE_MIN_SPREAD_TOKENS, SLOPE_MIN_SPREAD_SHARE * t1)
-        ]
-        if len(slopes) >= SLOPE_MIN_PAIRS:
-            slope = statistics.median(slopes)
-            if slope > 0:
-                self.tokens_per_s = 1.0 / slope
-                self.fixed_s = max(0.0, statistics.median(s - slope * t for t, s in samples))
-                return
-        rates = [t / s for t, s in samples if t >= self.min_tokens]
-        self.tokens_per_s = statistics.median(rates) if rates else None
-        self.fixed_s = 0.0
-
-    def prefilled(self, seconds: float, owed: int) -> float:
-        """Tokens of ``owed`` likely prefilled ``seconds`` after the engine turned to them (0 before any fit)."""
-        if self.tokens_per_s is None:
-            return 0.0
-        return min(float(owed), self.tokens_per_s * max(0.0, seconds - self.fixed_s))
+    @property
+    def tokens_per_s(self) -> float | None:
+        return statistics.median(self._samples) if self._samples else None
 
 
 @dataclass
@@ -146,7 +111,7 @@ class LoadLedger:
         self._kv_holders: Counter[str] = Counter()  # replica -> open tickets with a KvHold
         # replica -> its open tickets still owing prefill, oldest first (dicts keep insertion order)
         self._prefilling: dict[str, dict[int, Ticket]] = defaultdict(dict)
-        self._prefill_times: dict[str, PrefillTime] = defaultdict(PrefillTime)
+        self._rates: dict[str, PrefillRate] = defaultdict(PrefillRate)
         # replica -> when its latest prefill of ours ended (its first token came): the engine turns to the next
         # prompt in line only then, so progress on a queued prompt counts from there, not from when it was sent
         self._prefill_ended_at: dict[str, float] = {}
@@ -210,7 +175,7 @@ class LoadLedger:
             return
         if now is not None:
             if ticket.measures_rate:
-                self._prefill_times[ticket.replica].observe(ticket.prefill_left, now - ticket.opened_at)
+                self._rates[ticket.replica].observe(ticket.prefill_left, now - ticket.opened_at)
             ended = self._prefill_ended_at.get(ticket.replica)
             self._prefill_ended_at[ticket.replica] = now if ended is None else max(ended, now)
         self._loads[ticket.replica].tokens -= ticket.prefill_left
@@ -224,23 +189,23 @@ class LoadLedger:
 
     def prefill_rate(self, replica: str) -> float | None:
         """The replica's measured prefill rate (prompt tokens per second), None before any measure."""
-        model = self._prefill_times.get(replica)
-        return model.tokens_per_s if model else None
+        rate = self._rates.get(replica)
+        return rate.tokens_per_s if rate else None
 
     def prefill_done(self, replica: str, now: float) -> float:
-        """Prompt tokens of the replica's open prefills that it has likely prefilled by ``now``: what its
-        measured prefill time (``PrefillTime``) says of the time the engine has been on them, never more than
-        they owe (the engine works through them in order). That time starts when the oldest was sent or, if a
-        prefill ahead of it ended later, then: a prompt queued behind another is not worked on while it waits.
-        0 before the replica's prefill time is measured."""
+        """Prompt tokens of the replica's open prefills that it has likely prefilled by ``now``: its measured
+        rate times the time the engine has been on them, never more than they owe (the engine works through
+        them in order). That time starts when the oldest was sent or, if a prefill ahead of it ended later,
+        then: a prompt queued behind another is not worked on while it waits. 0 before the replica's rate is
+        measured."""
         prefilling = self._prefilling.get(replica)
-        model = self._prefill_times.get(replica)
-        if not prefilling or model is None:
+        rate = self.prefill_rate(replica)
+        if not prefilling or not rate:
             return 0.0
         oldest = next(iter(prefilling.values()))
         began = max(oldest.opened_at, self._prefill_ended_at.get(replica, oldest.opened_at))
         owed = sum(ticket.prefill_left for ticket in prefilling.values())
-        return model.prefilled(now - began, owed)
+        return min(float(owed), rate * max(0.0, now - began))
 
     def generated(self, ticket: Ticket, tokens: int, now: float | None = None) -> None:
         """``tokens`` more output tokens streamed (the first one also ends the prefill; ``now`` as for
@@ -288,7 +253,7 @@ class LoadLedger:
     def forget(self, replica: str) -> None:
         """The replica went away: drop what was measured on it (a replica of the same name later is a new pod,
         and must be measured afresh). Its open tickets still close as they end."""
-        self._prefill_times.pop(replica, None)
+        self._rates.pop(replica, None)
         self._prefill_ended_at.pop(replica, None)
 
 

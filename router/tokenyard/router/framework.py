@@ -25,9 +25,6 @@ class ReplicaSnapshot:
     healthy: bool = True
     ejected: bool = False
     outstanding_tokens: int = 0  # counted by the router(s): prefill not yet done + expected decode
-    # Of those, prompt tokens the replica has likely prefilled by now (accounting.LoadLedger.prefill_done; 0
-    # unless --prefill-progress): placement counts them as done only for a request no replica has cached.
-    prefilled_tokens: int = 0
     outstanding_requests: int = 0
     # From the replica's /metrics; None when unknown or older than the freshness bound (unknown is not zero).
     kv_usage: float | None = None  # 0..1

@@ -265,10 +265,9 @@ class RouterState:
             revision=endpoint.revision,
             healthy=endpoint.name not in self.unreachable,
             ejected=self.failures.is_ejected(endpoint.name, now),
-            outstanding_tokens=max(0, load.tokens),
-            # The prefill it has likely done since our oldest open prompt there was sent
-            # (accounting.LoadLedger.prefill_done; requests of peer routers are counted whole).
-            prefilled_tokens=min(max(0, load.tokens), round(self._prefill_done(endpoint.name, now))),
+            # What the replica owes, less the prefill it has likely done since our oldest open prompt there was
+            # sent (accounting.LoadLedger.prefill_done; requests of peer routers are counted whole).
+            outstanding_tokens=max(0, round(load.tokens - self._prefill_done(endpoint.name, now))),
             outstanding_requests=max(0, load.requests),
             kv_usage=stats.kv_usage if fresh and stats else None,
             queue_waiting=stats.waiting if fresh and stats else None,

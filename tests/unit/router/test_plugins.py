@@ -67,19 +67,6 @@ def test_outstanding_tokens_scorer_counts_uncached_prompt_as_load():
     assert scores == [0.0, 1.0]
 
 
-def test_prefill_progress_counts_for_a_request_no_replica_has_cached_and_only_then():
-    # Both owe 1,010 tokens; "early" is ~900 tokens into its prompt, "late" ~100 (--prefill-progress).
-    candidates = [
-        snap("late", outstanding_tokens=1_010, prefilled_tokens=100),
-        snap("early", outstanding_tokens=1_010, prefilled_tokens=900),
-    ]
-    cold = OutstandingTokensScorer().raw(request(500), candidates)
-    assert cold == [1_010 - 100 + 500, 1_010 - 900 + 500]
-    # Some replica holds part of this prompt: locality is weighed against whole debts.
-    warm = OutstandingTokensScorer().raw(request(500, {"late": 400}), candidates)
-    assert warm == [1_010 + 100, 1_010 + 500]
-
-
 # --- prefixCache ------------------------------------------------------------------------------------------
 
 

@@ -249,11 +249,11 @@ def test_a_replica_near_the_end_of_its_prompt_looks_lighter_than_one_that_just_b
     early = state.ledger.open("a", 1000, 10, now=1.0)
     late = state.ledger.open("b", 1000, 10, now=1.4)
     snapshots = {e.name: state.snapshot(e, 1.45) for e in state.models["m"].endpoints}
-    # a has prefilled ~900 of its 1000 tokens by now, b ~100, of what each owes
-    assert (snapshots["a"].outstanding_tokens, snapshots["a"].prefilled_tokens) == (1010, 900)
-    assert (snapshots["b"].outstanding_tokens, snapshots["b"].prefilled_tokens) == (1010, 100)
-    state.settings.prefill_progress = False  # the default: nothing counted as done
-    assert state.snapshot(state.models["m"].endpoints[0], 1.45).prefilled_tokens == 0
+    # a has prefilled ~900 of its 1000 tokens by now, b ~100: what each still owes
+    assert snapshots["a"].outstanding_tokens == 1010 - 900
+    assert snapshots["b"].outstanding_tokens == 1010 - 100
+    state.settings.prefill_progress = False  # the default: the whole debt
+    assert state.snapshot(state.models["m"].endpoints[0], 1.45).outstanding_tokens == 1010
     state.settings.prefill_progress = True
     routed = state.route("m", "unique prompt " * 50, 10, now=1.45)
     assert routed.endpoint.name == "a"

@@ -29,15 +29,7 @@ def expected_load(
     per_token = 1.0 + miss_penalty
     if prefill_interference:
         per_token += replica.outstanding_requests
-    owed = replica.outstanding_tokens
-    if not any(request.prefix_match_tokens.values()):
-        # A request no replica has cached is placed on load alone, so which replica is nearly through its
-        # prompts decides its wait (``prefilled_tokens``). Where some replica holds its prefix, placement weighs
-        # locality against whole debts, the balance the defaults were chosen on: counting the progress there
-        # made the holders look free sooner and take more of each burst (shared_prefix_95 TTFT p99 0.47 ->
-        # 0.56 s, multi_turn 0.20 -> 0.22 in bench-router, 2026-12-05).
-        owed -= replica.prefilled_tokens
-    return owed + uncached * per_token
+    return replica.outstanding_tokens + uncached * per_token
 
 
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
