@@ -1,0 +1,32 @@
+"""bench/autoscaler_frontier.py: the Pareto frontier of (SLO attainment, GPU-hours) and the cost of a level."""
+
+import autoscaler_frontier as af
+import pytest
+
+
+def test_the_frontier_keeps_only_points_nothing_else_beats_on_both():
+    points = [
+        (0.990, 86.8),
+        (0.9911, 88.1),  # more attainment for more cost: kept
+        (0.985, 90.0),  # beaten by 0.990 at 86.8
+        (0.9994, 91.4),
+        (0.9993, 93.0),  # beaten by 0.9994 at 91.4
+        (0.9994, 95.0),  # the same attainment, dearer
+        (0.9996, 96.8),
+    ]
+    assert af.frontier(points) == [(0.990, 86.8), (0.9911, 88.1), (0.9994, 91.4), (0.9996, 96.8)]
+
+
+def test_the_cost_of_a_level_is_linear_between_the_frontier_points_around_it():
+    front = [(0.98, 80.0), (0.99, 84.0), (0.999, 93.0)]
+    assert af.cost_at(front, 0.99) == pytest.approx(84.0)
+    assert af.cost_at(front, 0.995) == pytest.approx(84.0 + 9.0 * 0.005 / 0.009)
+    # Below every point the cheapest one serves; above every point nothing does.
+    assert af.cost_at(front, 0.95) == pytest.approx(80.0)
+    assert af.cost_at(front, 0.9995) is None
+    assert af.cost_at([], 0.99) is None
+
+
+def test_each_policy_is_probed_at_its_tuned_target_and_the_two_beside_it():
+    assert af.targets_near("tokenyard") == (1.0, 1.4)  # 1.4 is the top of tokenyard's axis
+    assert af.targets_near("hpa_rps") == (0.4, 0.6, 0.9)
