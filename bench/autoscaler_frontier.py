@@ -72,14 +72,21 @@ def run_point(policy: str, target: float, reserve: int) -> tuple[str, float, int
     grid = bench.candidates()["tokenyard" if policy.startswith("tokenyard") else policy]
     options = {"feed": "oracle"} if policy == "tokenyard_oracle" else {}
     trace = bench.make_trace(11, 9.0 * bench.per_group_rps())  # the bench's tuning trace
-    return policy, target, reserve, bench.run(grid.make(target, max(bench.MIN_GROUPS, reserve), **options), trace)
+    return (
+        policy,
+        target,
+        reserve,
+        bench.run(grid.make(target, max(bench.MIN_GROUPS, reserve), **options), trace),
+    )
 
 
 def main() -> None:
     policies = os.environ.get("FRONTIER_POLICIES", "tokenyard,hpa_rps").split(",")
     for policy in policies:
         if policy not in TUNED_TARGET:
-            raise SystemExit(f"FRONTIER_POLICIES: unknown policy {policy!r}; known: {', '.join(TUNED_TARGET)}")
+            raise SystemExit(
+                f"FRONTIER_POLICIES: unknown policy {policy!r}; known: {', '.join(TUNED_TARGET)}"
+            )
     jobs = [
         (policy, target, reserve)
         for policy in policies
