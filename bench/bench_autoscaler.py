@@ -41,10 +41,11 @@ the controller does -- every ``intervalSeconds`` (5 s) it runs the default PromQ
 (``tokenyard.autoscaler.prometheus.signal_query``) as an instant query and parses the answer with the shipped
 ``parse_query_response``. The queries run on what a Prometheus would hold (``bench/promql_eval.py``): each
 serving group's vLLM series (``num_requests_waiting``, ``num_requests_running``, ``kv_cache_usage_perc``, the
-request prompt/generation token histograms' ``_sum``/``_count`` and the TTFT histogram with vLLM's buckets),
-scraped every 15 s (the chart's engine PodMonitor default) at a phase of its own, absent while the group loads
-its model, marked stale when its pods are deleted. So tokenyard's token load is the shipped estimate (waiting
-requests x the mean prompt of recently finished requests, plus running x (mean prompt + half the mean output)),
+info gauge ``cache_config_info`` with the cache's size in its labels, the request prompt/generation token
+histograms' ``_sum``/``_count`` and the TTFT histogram with vLLM's buckets), scraped every 15 s (the chart's
+engine PodMonitor default) at a phase of its own, absent while the group loads its model, marked stale when its
+pods are deleted. So tokenyard's token load is what the controller reads: the cache sizes first, then waiting
+requests x the mean prompt of recently finished requests plus each engine's KV occupancy x its size,
 and its TTFT p95 is ``histogram_quantile`` over a minute of bucket rates, interpolated inside vLLM's 1.0-2.5 s
 bucket, up to 15 s old.
 Signals: token load (tuned target, as a fraction of a group's KV capacity), KV-cache usage 0.9 (a guard) and TTFT
@@ -104,7 +105,14 @@ from promql_eval import Query, SeriesStore, labels_of  # noqa: E402
 from results_io import write_results  # noqa: E402
 from tokenyard.autoscaler.controller import policy_config_from_spec, signal_names  # noqa: E402
 from tokenyard.autoscaler.policy import Observation, Policy, SampleWindow, SignalKind  # noqa: E402
-from tokenyard.autoscaler.prometheus import parse_query_response, signal_query  # noqa: E402
+from tokenyard.autoscaler.prometheus import (  # noqa: E402
+    KVCacheSize,
+    kv_cache_sizes,
+    kv_cache_sizes_query,
+    parse_query_response,
+    signal_query,
+)
+from tokenyard.core.prometheus import parse_vector_response  # noqa: E402
 from tokenyard.core.types import InferenceAutoscalerSpec  # noqa: E402
 from tokenyard.sim.metrics import TTFT_BUCKETS_S  # noqa: E402
 from tokenyard.sim.model import Deployment, StepShape, gpu_preset, model_preset  # noqa: E402
@@ -130,7 +138,11 @@ TUNE_SLO_FLOOR = 0.99
 GPUS_PER_GROUP = 1
 DEPLOYMENT = Deployment(model_preset("llama-3.1-8b"), gpu_preset("l40s"), tp=GPUS_PER_GROUP)
 PREFILL_S_PER_TOKEN = DEPLOYMENT.prefill_step_seconds(2048) / 2048
-KV_CAPACITY_TOKENS = DEPLOYMENT.kv_capacity_tokens * 0.95  # vLLM keeps a few blocks free
+# A group's KV cache as vLLM labels it in vllm:cache_config_info: whole blocks of 16 tokens (vLLM's default block
+# size), a few kept free.
+KV_BLOCK_SIZE = 16
+KV_GPU_BLOCKS = int(DEPLOYMENT.kv_capacity_tokens * 0.95) // KV_BLOCK_SIZE
+KV_CAPACITY_TOKENS = KV_GPU_BLOCKS * KV_BLOCK_SIZE
 # How Prometheus sees the engines: the chart's engine PodMonitor scrapes every 15 s (charts/tokenyard/values.yaml,
 # enginePodMonitor.interval), and the series carry the labels the autoscaler's default selector matches.
 SCRAPE_INTERVAL_S = 15.0
@@ -400,6 +412,7 @@ class ScrapedFleet:
     """
 
     GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+    INFO = "vllm:cache_config_info"  # value 1, the cache's size in its labels
     COUNTERS = (
         "vllm:request_prompt_tokens_count",
         "vllm:request_prompt_tokens_sum",
@@ -414,8 +427,13 @@ class ScrapedFleet:
         self._labels: dict[int, dict[str, tuple]] = {}
 
     def _series_labels(self, ident: int) -> dict[str, tuple]:
-        target = {"namespace": NAMESPACE, "model_deployment": TARGET, "pod": f"{TARGET}-{ident}"}
+        pod = f"{TARGET}-{ident}"
+        # Prometheus adds `instance` (the scraped address) to every series; vLLM adds its engine index.
+        target = {"namespace": NAMESPACE, "model_deployment": TARGET, "pod": pod}
+        target |= {"instance": f"{pod}:8000", "engine": "0"}
         names = {name: labels_of({**target, "__name__": name}) for name in self.GAUGES + self.COUNTERS}
+        cache_config = {"block_size": str(KV_BLOCK_SIZE), "num_gpu_blocks": str(KV_GPU_BLOCKS)}
+        names[self.INFO] = labels_of({**target, **cache_config, "__name__": self.INFO})
         for i, bound in enumerate((*TTFT_BUCKETS_S, math.inf)):
             le = "+Inf" if math.isinf(bound) else repr(float(bound))
             names[f"bucket {i}"] = labels_of(
@@ -447,6 +465,7 @@ class ScrapedFleet:
                 "vllm:num_requests_waiting": 0.0 if g.draining else waiting_each,
                 "vllm:num_requests_running": g.seqs(),
                 "vllm:kv_cache_usage_perc": g.kv_tokens() / KV_CAPACITY_TOKENS,
+                self.INFO: 1.0,
                 "vllm:request_prompt_tokens_count": g.finished,
                 "vllm:request_prompt_tokens_sum": g.prompt_tokens_finished,
                 "vllm:request_generation_tokens_count": g.finished,
@@ -555,16 +574,32 @@ class TokenyardPolicy(Autoscaler):
             (name, SignalKind(s.kind.value), s.query)
             for name, s in zip(signal_names(spec), spec.signals, strict=True)
         ]
-        self.queries = {
-            name: Query(signal_query(kind, NAMESPACE, TARGET, query)) for name, kind, query in self.signals
-        }
+        # As the controller does: the engines' KV cache sizes first when a default TokenLoad needs them.
+        self.sizes_query = Query(kv_cache_sizes_query(NAMESPACE, TARGET))
+        self.needs_sizes = any(kind is SignalKind.TOKEN_LOAD and not query for _, kind, query in self.signals)
+        self.queries_by_sizes: dict[tuple[KVCacheSize, ...], dict[str, Query]] = {}
+
+    def queries(self, sizes: tuple[KVCacheSize, ...]) -> dict[str, Query]:
+        if sizes not in self.queries_by_sizes:  # parsed once per set of sizes
+            self.queries_by_sizes[sizes] = {
+                name: Query(signal_query(kind, NAMESPACE, TARGET, query, kv_sizes=sizes))
+                for name, kind, query in self.signals
+            }
+        return self.queries_by_sizes[sizes]
 
     def observe(self, now, metrics, prometheus=None):
+        queries = None
+        if self.feed != "oracle":
+            sizes = ()
+            if self.needs_sizes:
+                answer = self.sizes_query.api_body(prometheus, now)
+                sizes = kv_cache_sizes(parse_vector_response(200, answer, self.sizes_query.text))
+            queries = self.queries(sizes)
         for name, kind, _ in self.signals:
-            if self.feed == "oracle":
+            if queries is None:
                 value = metrics[self.EXACT[kind]]
             else:
-                query = self.queries[name]
+                query = queries[name]
                 value = parse_query_response(200, query.api_body(prometheus, now), query.text).value
             self.window.add(name, now, value)
 

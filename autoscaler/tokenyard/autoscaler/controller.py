@@ -48,6 +48,8 @@ from tokenyard.autoscaler.prometheus import (
     DEFAULT_SELECTOR,
     QueryTemplateError,
     freshness_query,
+    kv_cache_sizes,
+    kv_cache_sizes_query,
     signal_query,
 )
 from tokenyard.core import labels
@@ -602,9 +604,18 @@ class AutoscalerController:
             tracked.policy.note_external_change(now, tracked.last_written, counts.current)
             tracked.last_written = None
 
+        kv_sizes = ()
+        if any(s.kind.value == SignalKind.TOKEN_LOAD.value and not s.query for s in spec.signals):
+            # The default TokenLoad reads vLLM's KV occupancy in tokens, which needs the engines' cache sizes
+            # first (a failed read leaves none: the query then estimates vLLM's share from request counts).
+            kv_sizes = kv_cache_sizes(
+                await self.prometheus.query_vector(kv_cache_sizes_query(namespace, ref.name, self.selector))
+            )
         try:
             queries = {
-                n: signal_query(SignalKind(s.kind.value), namespace, ref.name, s.query, self.selector)
+                n: signal_query(
+                    SignalKind(s.kind.value), namespace, ref.name, s.query, self.selector, kv_sizes
+                )
                 for n, s in zip(tracked.signals, spec.signals, strict=True)
             }
         except QueryTemplateError as exc:

@@ -7,18 +7,23 @@ the reason, never as zero: zero waiting requests means "scale down", and a dead 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from string import Template
 
 from tokenyard.autoscaler.policy import SignalKind
-from tokenyard.core.prometheus import PrometheusClient, Reading, parse_query_response
+from tokenyard.core.prometheus import PrometheusClient, Reading, VectorReading, parse_query_response
 
 __all__ = [
     "DEFAULT_SELECTOR",
+    "KVCacheSize",
     "PrometheusClient",
     "QueryTemplateError",
     "Reading",
     "parse_query_response",
     "freshness_query",
+    "kv_cache_sizes",
+    "kv_cache_sizes_query",
     "signal_query",
 ]
 
@@ -97,12 +102,77 @@ _TTFT_P95 = (
     f"max({_p95('vllm:time_to_first_token_seconds', 'vllm')}"
     f" or {_p95('sglang:time_to_first_token_seconds', 'sglang')})"
 )
+
+
+# TokenLoad: queued prompt tokens plus the tokens the running sequences hold in the KV cache, read from the
+# engines' own occupancy where they say enough to turn it into tokens.
+#
+# - SGLang exports the tokens in use as a number, `sglang:num_used_tokens`.
+# - vLLM exports the occupied fraction (`vllm:kv_cache_usage_perc`) and the cache's size only as the label
+#   strings `num_gpu_blocks` and `block_size` of the info gauge `vllm:cache_config_info` (CacheConfig's fields,
+#   vllm/v1/metrics/loggers.py; value 1), which PromQL cannot turn into a number. So the controller first asks
+#   which sizes the target's engines have (`kv_cache_sizes_query`: one series per distinct pair), then writes
+#   one term per size: the occupancy of the engines of that size (matched to their info series on the scrape
+#   target and engine index) times its tokens. A rollout to another model or GPU gives two sizes, each engine
+#   counted with its own.
+# - With no size known (no vLLM engine, or no info series: a failed read, a vLLM that does not export it),
+#   SGLang-only targets still read their own count, and a target with any vLLM engine falls back to the
+#   estimate from request counts for all its engines: each running sequence holds the mean prompt and half
+#   the mean output of the requests that finished over 5 minutes. That estimate reads 1.25-1.36x the tokens really held in the
+#   autoscaler bench (running requests are not a random draw of finished ones: the short, long-prompt requests
+#   finish fastest and are over-weighed among the finished), which cost about 4 GPU-hours of 86 at a 99% SLO.
+_KV_CACHE_SIZES = "count by (num_gpu_blocks, block_size) (vllm:cache_config_info{$selector})"
+_VLLM_ENGINE_LABELS = "instance, engine"  # one engine's series: its scrape target and vLLM's engine index
+_SGLANG_USED_TOKENS = _sglang("sglang:num_used_tokens")
+_ESTIMATED_KV_TOKENS = f"{_RUNNING} * ({_MEAN_PROMPT} + {_MEAN_OUTPUT} / 2)"
+
+
+@dataclass(frozen=True, order=True)
+class KVCacheSize:
+    """One vLLM engine's KV cache, as `vllm:cache_config_info` labels it."""
+
+    num_gpu_blocks: int
+    block_size: int
+
+    @property
+    def tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+
+def kv_cache_sizes(reading: VectorReading) -> tuple[KVCacheSize, ...]:
+    """The distinct KV cache sizes in an answer to `kv_cache_sizes_query` (pure), smallest first. A failed
+    query, or a series whose labels are not positive whole numbers, gives none: the token load then falls back
+    to its estimate for those engines rather than multiplying by a wrong size."""
+    sizes = set()
+    for sample in reading.samples or ():
+        try:
+            size = KVCacheSize(int(sample.labels["num_gpu_blocks"]), int(sample.labels["block_size"]))
+        except (KeyError, ValueError):
+            continue
+        if size.num_gpu_blocks > 0 and size.block_size > 0:
+            sizes.add(size)
+    return tuple(sorted(sizes))
+
+
+def _token_load(sizes: Sequence[KVCacheSize]) -> str:
+    if not sizes:
+        # SGLang's own count when no vLLM engine is there; the estimate for every engine when one is.
+        vllm_running = "vllm:num_requests_running{$selector}"
+        held = f"((sum({_SGLANG_USED_TOKENS}) unless on() count({vllm_running})) or {_ESTIMATED_KV_TOKENS})"
+    else:
+        per_size = [
+            f"vllm:kv_cache_usage_perc{{$selector}} * on({_VLLM_ENGINE_LABELS}) "
+            f'vllm:cache_config_info{{num_gpu_blocks="{s.num_gpu_blocks}",block_size="{s.block_size}",$selector}}'
+            f" * {s.tokens}"
+            for s in sizes
+        ]
+        held = f"sum({' or '.join([*per_size, _SGLANG_USED_TOKENS])})"
+    return f"{_QUEUED_TOKENS} + {held}"
+
+
 _QUERIES: dict[SignalKind, str] = {
     SignalKind.QUEUED_TOKENS: _QUEUED_TOKENS,
-    # Queued prompt tokens plus the tokens running sequences hold in the KV cache: a running sequence holds
-    # its prompt and, on average, half its output. (vLLM exports the cache's size only as label strings of
-    # vllm:cache_config_info, which PromQL cannot multiply, so the KV share is estimated the same way for both.)
-    SignalKind.TOKEN_LOAD: f"{_QUEUED_TOKENS} + {_RUNNING} * ({_MEAN_PROMPT} + {_MEAN_OUTPUT} / 2)",
+    SignalKind.TOKEN_LOAD: _token_load(()),  # signal_query writes it with the engines' KV cache sizes
     SignalKind.WAITING_REQUESTS: _WAITING,
     # vllm:kv_cache_usage_perc and sglang:token_usage are both the fraction of the KV pool held by running
     # requests (cached blocks free to evict count as free in both), 0..1.
@@ -136,12 +206,15 @@ def signal_query(
     target: str,
     override: str | None = None,
     selector: str = DEFAULT_SELECTOR,
+    kv_sizes: Sequence[KVCacheSize] = (),
 ) -> str:
     """The PromQL for one signal of one target: the user's query if given, else the default.
 
-    ``$namespace``, ``$target`` and ``$selector`` are substituted in either.
+    ``$namespace``, ``$target`` and ``$selector`` are substituted in either. ``kv_sizes`` are the target's vLLM
+    KV cache sizes (`kv_cache_sizes` of `kv_cache_sizes_query`'s answer), which the default TokenLoad needs to
+    read vLLM's occupancy in tokens.
     """
-    template = override or _QUERIES.get(kind)
+    template = override or (_token_load(kv_sizes) if kind is SignalKind.TOKEN_LOAD else _QUERIES.get(kind))
     if template is None:
         raise QueryTemplateError(f"signal kind {kind.value} has no default query; set spec.signals[].query")
     return _substitute(template, namespace, target, selector)
@@ -150,6 +223,11 @@ def signal_query(
 def freshness_query(namespace: str, target: str, selector: str = DEFAULT_SELECTOR) -> str:
     """The PromQL for the age in seconds of the target's newest engine sample."""
     return _substitute(_FRESHNESS, namespace, target, selector)
+
+
+def kv_cache_sizes_query(namespace: str, target: str, selector: str = DEFAULT_SELECTOR) -> str:
+    """The PromQL for the distinct KV cache sizes of the target's vLLM engines (see `kv_cache_sizes`)."""
+    return _substitute(_KV_CACHE_SIZES, namespace, target, selector)
 
 
 def _substitute(template: str, namespace: str, target: str, selector: str) -> str:

@@ -30,8 +30,8 @@ from tokenyard.autoscaler.policy import (
     SignalKind,
     SignalReading,
 )
-from tokenyard.autoscaler.prometheus import QueryTemplateError, signal_query
-from tokenyard.core.prometheus import Reading, parse_query_response
+from tokenyard.autoscaler.prometheus import KVCacheSize, QueryTemplateError, kv_cache_sizes, signal_query
+from tokenyard.core.prometheus import Reading, Sample, VectorReading, parse_query_response
 from tokenyard.core.types import InferenceAutoscalerSpec
 
 
@@ -51,17 +51,43 @@ def test_default_queries_select_the_target_and_use_both_engines_names():
 
 def test_token_load_query_adds_the_tokens_running_sequences_hold_to_the_queued_ones():
     queued = signal_query(SignalKind.QUEUED_TOKENS, "team-a", "llama")
-    load = signal_query(SignalKind.TOKEN_LOAD, "team-a", "llama")
-    assert load.startswith(queued + " + ") and "$" not in load
-    running = load.removeprefix(queued + " + ")
-    assert running.startswith(
-        'sum(vllm:num_requests_running{namespace="team-a",model_deployment="llama"} or max without'
+    # with the engines' cache sizes: vLLM's occupancy times each size, SGLang's own count
+    load = signal_query(
+        SignalKind.TOKEN_LOAD, "team-a", "llama", kv_sizes=(KVCacheSize(1000, 16), KVCacheSize(2000, 32))
     )
-    assert "sglang:num_running_reqs" in running
-    assert "vllm:request_generation_tokens_sum" in running and "sglang:generation_tokens_total" in running
-    assert "/ 2" in running
+    assert load.startswith(queued + " + sum(") and "$" not in load
+    held = load.removeprefix(queued + " + ")
+    assert held.count("vllm:kv_cache_usage_perc{") == 2 and held.count("on(instance, engine)") == 2
+    assert 'num_gpu_blocks="1000",block_size="16",namespace="team-a"' in held and "* 16000" in held
+    assert 'num_gpu_blocks="2000",block_size="32"' in held and "* 64000" in held
+    assert "sglang:num_used_tokens" in held and "num_requests_running" not in held
+    # without them: SGLang's count, else every running sequence's estimated share
+    estimated = signal_query(SignalKind.TOKEN_LOAD, "team-a", "llama").removeprefix(queued + " + ")
+    assert "vllm:kv_cache_usage_perc" not in estimated and "sglang:num_used_tokens" in estimated
+    assert "unless on() count(vllm:num_requests_running{" in estimated
+    assert "vllm:request_generation_tokens_sum" in estimated and "sglang:generation_tokens_total" in estimated
+    assert "/ 2" in estimated
     # the request rate's floor is far below any real rate: a mean, not tokens per second (see prometheus.py)
-    assert ", 1))" not in load and "clamp_min(" in load
+    assert ", 1))" not in estimated and "clamp_min(" in estimated
+    # a user's query is left as written
+    assert signal_query(SignalKind.TOKEN_LOAD, "a", "b", "sum(x)", kv_sizes=(KVCacheSize(1, 1),)) == "sum(x)"
+
+
+def test_kv_cache_sizes_are_read_from_the_info_labels_and_bad_ones_are_left_out():
+    def samples(*label_sets):
+        return VectorReading(tuple(Sample(labels, 1.0) for labels in label_sets))
+
+    reading = samples(
+        {"num_gpu_blocks": "2000", "block_size": "16"},
+        {"num_gpu_blocks": "1000", "block_size": "16"},
+        {"num_gpu_blocks": "1000", "block_size": "16"},
+        {"num_gpu_blocks": "None", "block_size": "16"},  # not a number
+        {"num_gpu_blocks": "0", "block_size": "16"},
+        {"block_size": "16"},
+    )
+    assert kv_cache_sizes(reading) == (KVCacheSize(1000, 16), KVCacheSize(2000, 16))
+    assert KVCacheSize(1000, 16).tokens == 16000
+    assert kv_cache_sizes(VectorReading(None, "Prometheus unreachable")) == ()
 
 
 @pytest.mark.skipif(
@@ -254,7 +280,15 @@ class FakePrometheus:
         age = self.sample_age_s
         return Reading(age, "" if age is not None else "no data")
 
+    kv_sizes = VectorReading(None, "Prometheus unreachable")  # what the KV cache sizes query answers
+    asked: list[str] = []  # every query, in order
+
+    async def query_vector(self, promql, at=None):
+        self.asked.append(promql)
+        return self.kv_sizes
+
     async def query_many(self, queries, at=None):
+        self.asked.extend(queries.values())
         out = {}
         for name in queries:
             v = self.values.get(name)
@@ -372,6 +406,32 @@ async def test_status_names_each_signal_with_its_last_value():
     assert signals.keys() == {"KVCacheUsage", "QueuedTokens"}
     assert (signals["KVCacheUsage"]["value"], signals["KVCacheUsage"]["target"]) == (0.42, 0.7)
     assert "value" not in signals["QueuedTokens"]  # no data: no value, never a zero
+
+
+async def test_the_default_token_load_is_written_with_the_cache_sizes_read_just_before():
+    clock = [1000.0]
+    obj = autoscaler("a", "llama")
+    obj["spec"]["signals"] = [{"kind": "TokenLoad", "target": 50000}]
+    c = make_controller(
+        [obj], {"llama": {"replicas": 2, "ready": 2}}, {"TokenLoad": 40000.0}, lambda: clock[0]
+    )
+    c.prometheus.asked = []
+    c.prometheus.kv_sizes = VectorReading((Sample({"num_gpu_blocks": "1000", "block_size": "16"}, 1.0),))
+    await passes(c, clock, 1)
+    sizes_query, token_load = c.prometheus.asked
+    assert sizes_query.startswith("count by (num_gpu_blocks, block_size) (vllm:cache_config_info{")
+    assert 'num_gpu_blocks="1000",block_size="16"' in token_load and "* 16000" in token_load
+    # the sizes cannot be read: the same tick still reads the token load, by the estimate
+    c.prometheus.asked = []
+    c.prometheus.kv_sizes = VectorReading(None, "Prometheus unreachable")
+    await passes(c, clock, 1)
+    _, token_load = c.prometheus.asked
+    assert "cache_config_info" not in token_load and "vllm:num_requests_running" in token_load
+    # a signal with a query of its own needs no sizes
+    obj["spec"]["signals"] = [{"kind": "TokenLoad", "target": 50000, "query": "sum(up)"}]
+    c.prometheus.asked = []
+    await passes(c, clock, 1)
+    assert c.prometheus.asked == ["sum(up)"]
 
 
 async def test_recommend_only_never_writes_the_scale():

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 from tokenyard.autoscaler.policy import SignalKind
-from tokenyard.autoscaler.prometheus import freshness_query, signal_query
+from tokenyard.autoscaler.prometheus import KVCacheSize, freshness_query, kv_cache_sizes_query, signal_query
 
 
 def test_every_gauge_signal_reads_both_engines_before_aggregating():
@@ -72,9 +72,18 @@ def sglang_scheduler(name: str, target: str, pod: str, total: float, ranks=(0, 1
     return out
 
 
-def vllm_pod(target: str, pod: str, waiting: float, running: float, kv: float) -> list[dict]:
-    labels = {"engine": "0", "model_name": "m"}
+def vllm_pod(
+    target: str, pod: str, waiting: float, running: float, kv: float, num_gpu_blocks: int = 1000
+) -> list[dict]:
+    labels = {"engine": "0", "model_name": "m", "instance": f"{pod}:8000"}
+    # the info gauge: CacheConfig's fields as labels (block_size 16: num_gpu_blocks x 16 tokens), value 1
+    cache_config = {
+        "block_size": "16",
+        "num_gpu_blocks": str(num_gpu_blocks),
+        "gpu_memory_utilization": "0.9",
+    }
     return [
+        series("vllm:cache_config_info", target, pod, gauge(1), **labels, **cache_config),
         series("vllm:num_requests_waiting", target, pod, gauge(waiting), **labels),
         series("vllm:num_requests_running", target, pod, gauge(running), **labels),
         series("vllm:kv_cache_usage_perc", target, pod, gauge(kv), **labels),
@@ -86,10 +95,13 @@ def vllm_pod(target: str, pod: str, waiting: float, running: float, kv: float) -
     ]
 
 
-def sglang_pod(target: str, pod: str, queue: float, running: float, usage: float, **labels) -> list[dict]:
+def sglang_pod(
+    target: str, pod: str, queue: float, running: float, usage: float, used_tokens: float = 0, **labels
+) -> list[dict]:
     tokenizer = {"model_name": "m"}
     return [
         *sglang_scheduler("sglang:num_queue_reqs", target, pod, queue, **labels),
+        *sglang_scheduler("sglang:num_used_tokens", target, pod, used_tokens, **labels),
         *sglang_scheduler("sglang:num_running_reqs", target, pod, running, **labels),
         *[
             s
@@ -114,19 +126,20 @@ def ttft_histogram(engine: str, target: str, pod: str, bounds: tuple[str, ...]) 
 
 
 INPUT = [
+    # a rollout to a model with a smaller cache: 16,000 and 8,000 tokens
     *vllm_pod("v", "v-0", waiting=3, running=6, kv=0.75),
-    *vllm_pod("v", "v-1", waiting=1, running=2, kv=0.25),
-    *sglang_pod("s", "s-0", queue=5, running=12, usage=0.375),
+    *vllm_pod("v", "v-1", waiting=1, running=2, kv=0.25, num_gpu_blocks=500),
+    *sglang_pod("s", "s-0", queue=5, running=12, usage=0.375, used_tokens=6000),
     # SGLang with data-parallel attention: each dp rank its own queue, summed
-    *sglang_pod("dp", "dp-0", queue=3, running=1, usage=0.25, dp_rank="0"),
+    *sglang_pod("dp", "dp-0", queue=3, running=1, usage=0.25, used_tokens=1000, dp_rank="0"),
     *[
         s
-        for s in sglang_pod("dp", "dp-0", queue=4, running=1, usage=0.75, dp_rank="1")
+        for s in sglang_pod("dp", "dp-0", queue=4, running=1, usage=0.75, used_tokens=3000, dp_rank="1")
         if "tokens_total" not in s["series"] and "requests_total" not in s["series"]
     ],
     # an engine-changing rollout: one vLLM pod and one SGLang pod behind the same target
     *vllm_pod("mix", "mix-0", waiting=2, running=4, kv=0.5),
-    *sglang_pod("mix", "mix-1", queue=3, running=4, usage=0.25),
+    *sglang_pod("mix", "mix-1", queue=3, running=4, usage=0.25, used_tokens=2000),
     # TTFT: vLLM (0.001, 0.1, 0.5, ...) and SGLang (0.1, 0.2, 0.4, ...) bucket bounds differ
     *ttft_histogram("vllm", "v", "v-0", ("0.1", "0.5", "+Inf")),
     *ttft_histogram("sglang", "s", "s-0", ("0.2", "0.4", "+Inf")),
@@ -137,9 +150,18 @@ INPUT = [
 ]
 
 
-def expect(kind: SignalKind, target: str, value: float | None) -> dict:
+def expect(kind: SignalKind, target: str, value: float | None, kv_sizes=()) -> dict:
     samples = [] if value is None else [{"labels": "{}", "value": value}]
-    return {"expr": signal_query(kind, "ns", target), "eval_time": "10m", "exp_samples": samples}
+    query = signal_query(kind, "ns", target, kv_sizes=kv_sizes)
+    return {"expr": query, "eval_time": "10m", "exp_samples": samples}
+
+
+def expect_sizes(target: str, sizes: list[tuple[str, str]]) -> dict:
+    samples = [{"labels": f'{{block_size="{b}",num_gpu_blocks="{n}"}}', "value": 1} for n, b in sizes]
+    return {"expr": kv_cache_sizes_query("ns", target), "eval_time": "10m", "exp_samples": samples}
+
+
+SIZES = (KVCacheSize(500, 16), KVCacheSize(1000, 16))
 
 
 def expect_age(target: str, eval_time: str, age_s: float | None) -> dict:
@@ -172,11 +194,23 @@ CASES = [
     expect(SignalKind.QUEUED_TOKENS, "s", 5 * 800),
     expect(SignalKind.QUEUED_TOKENS, "mix", 5 * 800),
     expect(SignalKind.QUEUED_TOKENS, "nobody", None),
-    # token load: queued tokens + running x (prompt + output / 2) = running x 900
+    # the vLLM cache sizes the controller asks for first, one series per distinct size
+    expect_sizes("v", [("1000", "16"), ("500", "16")]),
+    expect_sizes("mix", [("1000", "16")]),
+    expect_sizes("s", []),
+    # token load: queued tokens + the tokens held. vLLM's occupancy times each engine's own cache size
+    # (0.75 x 16,000 + 0.25 x 8,000), SGLang's used tokens (per dp rank, summed), both in a mixed target
+    expect(SignalKind.TOKEN_LOAD, "v", 4 * 800 + 12000 + 2000, SIZES),
+    expect(SignalKind.TOKEN_LOAD, "s", 5 * 800 + 6000, SIZES),
+    expect(SignalKind.TOKEN_LOAD, "s", 5 * 800 + 6000),
+    expect(SignalKind.TOKEN_LOAD, "dp", 7 * 800 + 4000),
+    expect(SignalKind.TOKEN_LOAD, "mix", 5 * 800 + 0.5 * 16000 + 2000, SIZES),
+    # with no size known, a target with a vLLM engine estimates what every running sequence holds:
+    # running x (prompt + output / 2) = running x 900
     expect(SignalKind.TOKEN_LOAD, "v", 4 * 800 + 8 * 900),
-    expect(SignalKind.TOKEN_LOAD, "s", 5 * 800 + 12 * 900),
     expect(SignalKind.TOKEN_LOAD, "mix", 5 * 800 + 8 * 900),
     expect(SignalKind.TOKEN_LOAD, "nobody", None),
+    expect(SignalKind.TOKEN_LOAD, "nobody", None, SIZES),
     # TTFT p95 interpolated in each engine's own second bucket; an idle SGLang target reads 0
     expect(SignalKind.TTFT_P95, "v", 0.1 + 0.4 * 0.95),
     expect(SignalKind.TTFT_P95, "s", 0.2 + 0.2 * 0.95),

@@ -18,11 +18,24 @@ sys.modules[_spec.name] = ba
 _spec.loader.exec_module(ba)
 
 from tokenyard.autoscaler.policy import SignalKind  # noqa: E402
-from tokenyard.autoscaler.prometheus import parse_query_response, signal_query  # noqa: E402
+from tokenyard.autoscaler.prometheus import (  # noqa: E402
+    kv_cache_sizes,
+    kv_cache_sizes_query,
+    parse_query_response,
+    signal_query,
+)
+from tokenyard.core.prometheus import parse_vector_response  # noqa: E402
 
 
-def _read(kind: SignalKind, scraped, t: float):
-    query = ba.Query(signal_query(kind, ba.NAMESPACE, ba.TARGET))
+def _read(kind: SignalKind, scraped, t: float, read_sizes: bool = True):
+    """A signal as the controller reads it: the engines' KV cache sizes first (unless told not to, as when
+    that query fails), then the signal's default query."""
+    sizes = ()
+    if read_sizes:
+        sizes_query = ba.Query(kv_cache_sizes_query(ba.NAMESPACE, ba.TARGET))
+        answer = sizes_query.api_body(scraped.store, t)
+        sizes = kv_cache_sizes(parse_vector_response(200, answer, sizes_query.text))
+    query = ba.Query(signal_query(kind, ba.NAMESPACE, ba.TARGET, kv_sizes=sizes))
     return parse_query_response(200, query.api_body(scraped.store, t), query.text).value
 
 
@@ -49,7 +62,37 @@ def test_the_shipped_token_load_matches_the_fleet_when_the_mix_is_steady():
     # 4 waiting x 1000 prompt tokens + 20 running x (1000 + 600 / 2)
     assert exact == pytest.approx(4 * 1000 + 20 * 1300)
     assert _read(SignalKind.TOKEN_LOAD, scraped, 399.0) == pytest.approx(exact)
+    assert _read(SignalKind.TOKEN_LOAD, scraped, 399.0, read_sizes=False) == pytest.approx(exact)
     assert _read(SignalKind.KV_CACHE_USAGE, scraped, 399.0) == pytest.approx(fleet.metrics(399.0)["kv"])
+
+
+def test_the_token_load_reads_what_the_caches_hold_when_running_and_finished_requests_differ():
+    # The finished requests are chat (1000 prompt tokens), but RAG requests (6000) are what is running: the
+    # estimate from finished requests reads the running ones as chat, the engines' occupancy does not.
+    fleet, scraped = _steady_fleet(400)
+    for g in fleet.groups:
+        g.running[ba.CHAT], g.running[ba.RAG] = 0.0, 10.0
+    for t in range(400, 430):
+        scraped.scrape(fleet, float(t))
+    exact = fleet.metrics(429.0)["tokens_in_system"]
+    assert exact == pytest.approx(4 * 1000 + 20 * (6000 + 400 / 2))
+    assert _read(SignalKind.TOKEN_LOAD, scraped, 429.0) == pytest.approx(exact)
+    assert _read(SignalKind.TOKEN_LOAD, scraped, 429.0, read_sizes=False) == pytest.approx(
+        4 * 1000 + 20 * 1300
+    )
+
+
+def test_tokenyard_reads_the_cache_sizes_before_the_token_load():
+    fleet, scraped = _steady_fleet(400)
+    for g in fleet.groups:
+        g.running[ba.CHAT], g.running[ba.RAG] = 0.0, 10.0
+    for t in range(400, 430):  # every group scraped since the change
+        scraped.scrape(fleet, float(t))
+    policy = ba.TokenyardPolicy(ba.tokenyard_spec(1.0), "test")
+    policy.observe(429.0, fleet.metrics(429.0), scraped.store)
+    [token_load] = [name for name, kind, _ in policy.signals if kind is SignalKind.TOKEN_LOAD]
+    (sample,) = policy.window.snapshot()[token_load]
+    assert sample.value == pytest.approx(fleet.metrics(429.0)["tokens_in_system"])
 
 
 def test_a_group_is_read_only_while_it_serves_and_leaves_the_query_when_deleted():

@@ -31,7 +31,12 @@ sys.modules[_spec.name] = pe
 _spec.loader.exec_module(pe)
 
 from tokenyard.autoscaler.policy import SignalKind  # noqa: E402
-from tokenyard.autoscaler.prometheus import parse_query_response, signal_query  # noqa: E402
+from tokenyard.autoscaler.prometheus import (  # noqa: E402
+    KVCacheSize,
+    kv_cache_sizes_query,
+    parse_query_response,
+    signal_query,
+)
 
 STEP_S = 15.0
 
@@ -188,7 +193,12 @@ def _shipped_series(rng: random.Random, steps: int) -> dict[str, list]:
 
     pods = {"a": (0, None), "b": (9, None), "c": (0, 22)}
     for pod, (start, stop) in pods.items():
-        labels = f'{sel},pod="{pod}"'
+        labels = f'{sel},pod="{pod}",instance="{pod}:8000",engine="0"'
+        blocks = 500 if pod == "c" else 1000  # a rollout to a model with a smaller cache
+        series[f'vllm:cache_config_info{{{labels},block_size="16",num_gpu_blocks="{blocks}"}}'] = [
+            None if i < start or (stop is not None and i > stop) else ("stale" if i == stop else 1.0)
+            for i in range(steps)
+        ]
         series[f"vllm:num_requests_waiting{{{labels}}}"] = gauge(start, stop, 12)
         series[f"vllm:num_requests_running{{{labels}}}"] = gauge(start, stop, 40)
         series[f"vllm:kv_cache_usage_perc{{{labels}}}"] = gauge(start, stop, 1)
@@ -226,6 +236,7 @@ def _shipped_series(rng: random.Random, steps: int) -> dict[str, list]:
         series[f"sglang:num_queue_reqs{{{labels}}}"] = gauge(4, None, 8)
         series[f"sglang:num_running_reqs{{{labels}}}"] = gauge(4, None, 30)
         series[f"sglang:token_usage{{{labels}}}"] = gauge(4, None, 1)
+        series[f"sglang:num_used_tokens{{{labels}}}"] = gauge(4, None, 50000)
         if rank == "0":
             rng.setstate(rng_state)
     d = f'{sel},pod="d"'
@@ -289,6 +300,12 @@ def test_the_shipped_queries_give_what_prometheus_gives(tmp_path):
     series['young_total{pod="q"}'] = [None] * 4 + [30, 60] + [None] * (steps - 6)
     store = _store(series)
     queries = [signal_query(kind, "ns", "m") for kind in SignalKind if kind is not SignalKind.PROMQL]
+    # The token load as the controller writes it once it has read the engines' cache sizes.
+    sizes = (KVCacheSize(500, 16), KVCacheSize(1000, 16))
+    queries += [
+        kv_cache_sizes_query("ns", "m"),
+        signal_query(SignalKind.TOKEN_LOAD, "ns", "m", kv_sizes=sizes),
+    ]
     # The pieces too, so that a disagreement points at its function.
     queries += [
         'rate(vllm:request_prompt_tokens_sum{namespace="ns",model_deployment="m"}[5m])',
