@@ -10,7 +10,10 @@ import urllib.request
 
 import pytest
 from kubernetes import client
+from tokenyard.autoscaler.policy import SignalKind
+from tokenyard.autoscaler.prometheus import kv_cache_sizes, kv_cache_sizes_query, signal_query
 from tokenyard.core import labels
+from tokenyard.core.prometheus import Sample, VectorReading
 
 from tests.integration.conftest import (
     ManagedProcess,
@@ -73,6 +76,32 @@ def load(ip: str, model: str, stop: threading.Event, concurrency: int) -> list[t
     for thread in threads:
         thread.start()
     return threads
+
+
+def token_load_reads_the_engines_caches(url: str, namespace: str, target: str) -> None:
+    """The default TokenLoad on real scrapes of busy engines: the engines' cache size is found in
+    vllm:cache_config_info's labels, and each engine's occupancy is matched to it by scrape target and engine
+    index (a join that fails leaves the query empty, not zero)."""
+    answer = prometheus_query(url, kv_cache_sizes_query(namespace, target))
+    sizes = kv_cache_sizes(VectorReading(tuple(Sample(s["metric"], float(s["value"][1])) for s in answer)))
+    assert len(sizes) == 1 and sizes[0].tokens > 0, answer
+    selector = f'namespace="{namespace}",model_deployment="{target}"'
+    occupied = f"sum(vllm:kv_cache_usage_perc{{{selector}}}) * {sizes[0].tokens}"
+    held = (
+        f"({signal_query(SignalKind.TOKEN_LOAD, namespace, target, kv_sizes=sizes)})"
+        f" - ({signal_query(SignalKind.QUEUED_TOKENS, namespace, target)})"
+    )
+
+    def both():
+        rows = prometheus_query(
+            url,
+            f'label_replace({occupied}, "part", "occupied", "", "") or label_replace({held}, "part", "held", "", "")',
+        )
+        values = {r["metric"].get("part"): float(r["value"][1]) for r in rows}
+        return values if len(values) == 2 and values["occupied"] > 0 else None
+
+    values = wait_for(both, timeout=60, what="the token load and the occupied cache, with some cache in use")
+    assert values["held"] == pytest.approx(values["occupied"])
 
 
 def test_queue_scales_groups_up_then_down_and_missing_data_holds(stack, kube_api, namespace):
@@ -145,6 +174,7 @@ def test_queue_scales_groups_up_then_down_and_missing_data_holds(stack, kube_api
             labels.GROUP, labels.VERSION, namespace, "inferenceautoscalers", "busy"
         )["status"]
         assert status["lastDecision"]["direction"].lower() == "up"
+        token_load_reads_the_engines_caches(stack["url"], namespace, "busy")
     finally:
         stop.set()
         for thread in threads:
