@@ -27,6 +27,8 @@ def test_the_cost_of_a_level_is_linear_between_the_frontier_points_around_it():
     assert af.cost_at([], 0.99) is None
 
 
-def test_each_policy_is_probed_at_its_tuned_target_and_the_two_beside_it():
+def test_each_policy_is_probed_at_its_tuned_target_and_the_two_beside_it(monkeypatch):
+    assert af.targets_near("tokenyard") == (0.7, 1.0, 1.4)
+    monkeypatch.setitem(af.TUNED_TARGET, "tokenyard", 1.4)
     assert af.targets_near("tokenyard") == (1.0, 1.4)  # 1.4 is the top of tokenyard's axis
     assert af.targets_near("hpa_rps") == (0.4, 0.6, 0.9)
