@@ -7,11 +7,12 @@ the reason, never as zero: zero waiting requests means "scale down", and a dead 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from string import Template
 
 from tokenyard.autoscaler.policy import SignalKind
+from tokenyard.core.metrics import VLLM_KV_SIZE_LABEL, vllm_kv_capacity_tokens
 from tokenyard.core.prometheus import PrometheusClient, Reading, VectorReading, parse_query_response
 
 __all__ = [
@@ -108,20 +109,23 @@ _TTFT_P95 = (
 # engines' own occupancy where they say enough to turn it into tokens.
 #
 # - SGLang exports the tokens in use as a number, `sglang:num_used_tokens`.
-# - vLLM exports the occupied fraction (`vllm:kv_cache_usage_perc`) and the cache's size only as the label
-#   strings `num_gpu_blocks` and `block_size` of the info gauge `vllm:cache_config_info` (CacheConfig's fields,
-#   vllm/v1/metrics/loggers.py; value 1), which PromQL cannot turn into a number. So the controller first asks
-#   which sizes the target's engines have (`kv_cache_sizes_query`: one series per distinct pair), then writes
-#   one term per size: the occupancy of the engines of that size (matched to their info series on the scrape
-#   target and engine index) times its tokens. A rollout to another model or GPU gives two sizes, each engine
-#   counted with its own.
+# - vLLM exports the occupied fraction (`vllm:kv_cache_usage_perc`) and the cache's size only as label strings
+#   of the info gauge `vllm:cache_config_info` (value 1): `kv_cache_size_tokens` in releases since
+#   vllm-project/vllm#42206, `num_gpu_blocks` x `block_size` before (`tokenyard.core.metrics` says which holds
+#   when). PromQL cannot turn a label into a number, so the controller first asks which sizes the target's
+#   engines have (`kv_cache_sizes_query`: one series per distinct label set), then writes one term per size:
+#   the occupancy of the engines of that size (matched to their info series on the scrape target and engine
+#   index) times its tokens. A rollout to another model, GPU or vLLM release gives two sizes, each engine
+#   counted with its own; an engine that states `kv_cache_size_tokens` is never also counted by its blocks.
 # - With no size known (no vLLM engine, or no info series: a failed read, a vLLM that does not export it),
 #   SGLang-only targets still read their own count, and a target with any vLLM engine falls back to the
 #   estimate from request counts for all its engines: each running sequence holds the mean prompt and half
 #   the mean output of the requests that finished over 5 minutes. That estimate reads 1.25-1.36x the tokens really held in the
 #   autoscaler bench (running requests are not a random draw of finished ones: the short, long-prompt requests
 #   finish fastest and are over-weighed among the finished), which cost about 4 GPU-hours of 86 at a 99% SLO.
-_KV_CACHE_SIZES = "count by (num_gpu_blocks, block_size) (vllm:cache_config_info{$selector})"
+_KV_CACHE_SIZES = (
+    f"count by ({VLLM_KV_SIZE_LABEL}, num_gpu_blocks, block_size) (vllm:cache_config_info{{$selector}})"
+)
 _VLLM_ENGINE_LABELS = "instance, engine"  # one engine's series: its scrape target and vLLM's engine index
 _SGLANG_USED_TOKENS = _sglang("sglang:num_used_tokens")
 _ESTIMATED_KV_TOKENS = f"{_RUNNING} * ({_MEAN_PROMPT} + {_MEAN_OUTPUT} / 2)"
@@ -129,29 +133,44 @@ _ESTIMATED_KV_TOKENS = f"{_RUNNING} * ({_MEAN_PROMPT} + {_MEAN_OUTPUT} / 2)"
 
 @dataclass(frozen=True, order=True)
 class KVCacheSize:
-    """One vLLM engine's KV cache, as `vllm:cache_config_info` labels it."""
+    """The KV cache of some vLLM engines: its tokens, and the `vllm:cache_config_info` label values that pick
+    exactly those engines' info series."""
 
-    num_gpu_blocks: int
-    block_size: int
+    tokens: int
+    labels: tuple[tuple[str, str], ...]
 
-    @property
-    def tokens(self) -> int:
-        return self.num_gpu_blocks * self.block_size
+    @classmethod
+    def from_labels(cls, labels: Mapping[str, str]) -> KVCacheSize | None:
+        """The size one info series states (`tokenyard.core.metrics.vllm_kv_capacity_tokens`), or None."""
+        tokens = vllm_kv_capacity_tokens(labels)
+        if tokens is None:
+            return None
+        stated = labels.get(VLLM_KV_SIZE_LABEL, "")
+        if stated:
+            return cls(tokens, ((VLLM_KV_SIZE_LABEL, stated),))
+        # An engine without the label is picked by its blocks and by the label's absence, so that an engine of
+        # a later release with the same blocks is not counted twice.
+        picked = (("num_gpu_blocks", labels["num_gpu_blocks"]), ("block_size", labels["block_size"]))
+        return cls(tokens, (*picked, (VLLM_KV_SIZE_LABEL, "")))
+
+    @classmethod
+    def of_blocks(cls, num_gpu_blocks: int, block_size: int) -> KVCacheSize:
+        """The size of an engine that states only its blocks (vLLM before #42206)."""
+        size = cls.from_labels({"num_gpu_blocks": str(num_gpu_blocks), "block_size": str(block_size)})
+        if size is None:
+            raise ValueError(f"not a KV cache size: {num_gpu_blocks} blocks of {block_size} tokens")
+        return size
+
+    def matchers(self) -> str:
+        return ",".join(f'{name}="{value}"' for name, value in self.labels)
 
 
 def kv_cache_sizes(reading: VectorReading) -> tuple[KVCacheSize, ...]:
     """The distinct KV cache sizes in an answer to `kv_cache_sizes_query` (pure), smallest first. A failed
-    query, or a series whose labels are not positive whole numbers, gives none: the token load then falls back
-    to its estimate for those engines rather than multiplying by a wrong size."""
-    sizes = set()
-    for sample in reading.samples or ():
-        try:
-            size = KVCacheSize(int(sample.labels["num_gpu_blocks"]), int(sample.labels["block_size"]))
-        except (KeyError, ValueError):
-            continue
-        if size.num_gpu_blocks > 0 and size.block_size > 0:
-            sizes.add(size)
-    return tuple(sorted(sizes))
+    query, or a series whose labels give no size, gives none: the token load then falls back to its estimate
+    rather than multiplying by a wrong size."""
+    sizes = {KVCacheSize.from_labels(sample.labels) for sample in reading.samples or ()}
+    return tuple(sorted(size for size in sizes if size is not None))
 
 
 def _token_load(sizes: Sequence[KVCacheSize]) -> str:
@@ -162,7 +181,7 @@ def _token_load(sizes: Sequence[KVCacheSize]) -> str:
     else:
         per_size = [
             f"vllm:kv_cache_usage_perc{{$selector}} * on({_VLLM_ENGINE_LABELS}) "
-            f'vllm:cache_config_info{{num_gpu_blocks="{s.num_gpu_blocks}",block_size="{s.block_size}",$selector}}'
+            f"vllm:cache_config_info{{{s.matchers()},$selector}}"
             f" * {s.tokens}"
             for s in sizes
         ]

@@ -13,8 +13,8 @@ running requests, prefix-cache counters and the cache geometry. Each engine name
 | prefix queries     | vllm:prefix_cache_queries_total                       | sglang:prompt_tokens_total                      |
 | prefix hit ratio   | (none: derive from the counters)                      | sglang:cache_hit_rate (a gauge, recent batches) |
 | block / page size  | vllm:cache_config_info{block_size}                    | sglang:page_size                                |
-| capacity           | vllm:cache_config_info{num_gpu_blocks} (blocks)       | sglang:max_total_num_tokens (tokens),           |
-|                    |                                                       | sglang:num_pages (pages)                        |
+| capacity           | vllm:cache_config_info{kv_cache_size_tokens} (tokens, | sglang:max_total_num_tokens (tokens),           |
+|                    | since #42206), else {num_gpu_blocks} x {block_size}   | sglang:num_pages (pages)                        |
 
 vLLM labels every series with ``model_name`` and ``engine`` (the data-parallel engine index); its info gauge
 ``vllm:cache_config_info`` carries CacheConfig.metrics_info() as labels plus ``engine``, no ``model_name``.
@@ -47,6 +47,8 @@ import math
 import zlib
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+
+from tokenyard.core.metrics import vllm_kv_capacity_tokens, whole_number
 
 # A decompressed /metrics body larger than this is refused (a real engine's is well under 1 MiB).
 MAX_METRICS_BYTES = 32 * 1024 * 1024
@@ -306,14 +308,6 @@ def _reduce(series: Iterable[tuple[dict[str, str], float]], ratio: bool) -> floa
     return total / len(groups) if ratio else total
 
 
-def _as_int(text: str | None) -> int | None:
-    try:
-        value = float(text) if text is not None else math.nan
-    except ValueError:
-        return None  # "None" before vLLM has profiled the cache
-    return int(value) if math.isfinite(value) and value > 0 else None
-
-
 def _whole(value: float | None) -> int | None:
     return int(value) if value is not None and math.isfinite(value) and value >= 1 else None
 
@@ -359,15 +353,17 @@ def parse_engine_metrics(text: str, scraped_at: float, models: Collection[str] =
     engine = None
     if cache_info:
         engine = "vllm"
-        sizes = [s for s in (_as_int(labels.get("block_size")) for labels in cache_info) if s]
-        blocks_by_engine = {
-            labels.get("engine", ""): _as_int(labels.get("num_gpu_blocks")) for labels in cache_info
-        }
+        sizes = [s for s in (whole_number(labels.get("block_size")) for labels in cache_info) if s]
+        by_engine = {labels.get("engine", ""): labels for labels in cache_info}
         block_size = max(sizes) if sizes else None
-        known = [b for b in blocks_by_engine.values() if b]
+        known = [
+            b for b in (whole_number(labels.get("num_gpu_blocks")) for labels in by_engine.values()) if b
+        ]
         num_blocks = sum(known) if known else None
-        if block_size and num_blocks:
-            capacity = block_size * num_blocks
+        # Each engine's own size (kv_cache_size_tokens where vLLM states it: core.metrics says why the
+        # product of blocks and block size is wrong for hybrid models), summed over data-parallel engines.
+        capacities = [c for c in map(vllm_kv_capacity_tokens, by_engine.values()) if c]
+        capacity = sum(capacities) if capacities else None
     # SGLang's geometry: page size in tokens, capacity in tokens and (recent releases) in pages
     page_size = _whole(max((v for _, v in by_family.get(_PAGE_SIZE, ()) if math.isfinite(v)), default=None))
     sglang_tokens = _whole(signal((_MAX_TOKENS,)))

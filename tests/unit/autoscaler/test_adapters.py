@@ -53,12 +53,16 @@ def test_token_load_query_adds_the_tokens_running_sequences_hold_to_the_queued_o
     queued = signal_query(SignalKind.QUEUED_TOKENS, "team-a", "llama")
     # with the engines' cache sizes: vLLM's occupancy times each size, SGLang's own count
     load = signal_query(
-        SignalKind.TOKEN_LOAD, "team-a", "llama", kv_sizes=(KVCacheSize(1000, 16), KVCacheSize(2000, 32))
+        SignalKind.TOKEN_LOAD,
+        "team-a",
+        "llama",
+        kv_sizes=(KVCacheSize.of_blocks(1000, 16), KVCacheSize.of_blocks(2000, 32)),
     )
     assert load.startswith(queued + " + sum(") and "$" not in load
     held = load.removeprefix(queued + " + ")
     assert held.count("vllm:kv_cache_usage_perc{") == 2 and held.count("on(instance, engine)") == 2
-    assert 'num_gpu_blocks="1000",block_size="16",namespace="team-a"' in held and "* 16000" in held
+    assert 'num_gpu_blocks="1000",block_size="16",kv_cache_size_tokens="",namespace="team-a"' in held
+    assert "* 16000" in held
     assert 'num_gpu_blocks="2000",block_size="32"' in held and "* 64000" in held
     assert "sglang:num_used_tokens" in held and "num_requests_running" not in held
     # without them: SGLang's count, else every running sequence's estimated share
@@ -70,7 +74,10 @@ def test_token_load_query_adds_the_tokens_running_sequences_hold_to_the_queued_o
     # the request rate's floor is far below any real rate: a mean, not tokens per second (see prometheus.py)
     assert ", 1))" not in estimated and "clamp_min(" in estimated
     # a user's query is left as written
-    assert signal_query(SignalKind.TOKEN_LOAD, "a", "b", "sum(x)", kv_sizes=(KVCacheSize(1, 1),)) == "sum(x)"
+    assert (
+        signal_query(SignalKind.TOKEN_LOAD, "a", "b", "sum(x)", kv_sizes=(KVCacheSize.of_blocks(1, 1),))
+        == "sum(x)"
+    )
 
 
 def test_kv_cache_sizes_are_read_from_the_info_labels_and_bad_ones_are_left_out():
@@ -84,9 +91,26 @@ def test_kv_cache_sizes_are_read_from_the_info_labels_and_bad_ones_are_left_out(
         {"num_gpu_blocks": "None", "block_size": "16"},  # not a number
         {"num_gpu_blocks": "0", "block_size": "16"},
         {"block_size": "16"},
+        # a release since vllm-project/vllm#42206 states its capacity; a model with no KV cache states "None"
+        {"num_gpu_blocks": "1000", "block_size": "16", "kv_cache_size_tokens": "50000"},
+        {"num_gpu_blocks": "1000", "block_size": "16", "kv_cache_size_tokens": "None"},
     )
-    assert kv_cache_sizes(reading) == (KVCacheSize(1000, 16), KVCacheSize(2000, 16))
-    assert KVCacheSize(1000, 16).tokens == 16000
+    stated = KVCacheSize(50000, (("kv_cache_size_tokens", "50000"),))
+    assert kv_cache_sizes(reading) == (
+        KVCacheSize.of_blocks(1000, 16),
+        KVCacheSize.of_blocks(2000, 16),
+        stated,
+    )
+    assert KVCacheSize.of_blocks(1000, 16).tokens == 16000
+    # the engines of each size are picked by the labels that state it, and an engine that states its size is
+    # never also picked by its blocks
+    assert stated.matchers() == 'kv_cache_size_tokens="50000"'
+    assert (
+        KVCacheSize.of_blocks(1000, 16).matchers()
+        == 'num_gpu_blocks="1000",block_size="16",kv_cache_size_tokens=""'
+    )
+    with pytest.raises(ValueError, match="0 blocks of 16"):
+        KVCacheSize.of_blocks(0, 16)
     assert kv_cache_sizes(VectorReading(None, "Prometheus unreachable")) == ()
 
 
@@ -419,7 +443,9 @@ async def test_the_default_token_load_is_written_with_the_cache_sizes_read_just_
     c.prometheus.kv_sizes = VectorReading((Sample({"num_gpu_blocks": "1000", "block_size": "16"}, 1.0),))
     await passes(c, clock, 1)
     sizes_query, token_load = c.prometheus.asked
-    assert sizes_query.startswith("count by (num_gpu_blocks, block_size) (vllm:cache_config_info{")
+    assert sizes_query.startswith(
+        "count by (kv_cache_size_tokens, num_gpu_blocks, block_size) (vllm:cache_config_info{"
+    )
     assert 'num_gpu_blocks="1000",block_size="16"' in token_load and "* 16000" in token_load
     # the sizes cannot be read: the same tick still reads the token load, by the estimate
     c.prometheus.asked = []

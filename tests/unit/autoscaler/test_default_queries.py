@@ -73,15 +73,24 @@ def sglang_scheduler(name: str, target: str, pod: str, total: float, ranks=(0, 1
 
 
 def vllm_pod(
-    target: str, pod: str, waiting: float, running: float, kv: float, num_gpu_blocks: int = 1000
+    target: str,
+    pod: str,
+    waiting: float,
+    running: float,
+    kv: float,
+    num_gpu_blocks: int = 1000,
+    kv_cache_size_tokens: str | None = None,
 ) -> list[dict]:
     labels = {"engine": "0", "model_name": "m", "instance": f"{pod}:8000"}
-    # the info gauge: CacheConfig's fields as labels (block_size 16: num_gpu_blocks x 16 tokens), value 1
+    # the info gauge: CacheConfig's fields as labels (block_size 16: num_gpu_blocks x 16 tokens), value 1;
+    # releases since vllm-project/vllm#42206 add the capacity they computed, kv_cache_size_tokens
     cache_config = {
         "block_size": "16",
         "num_gpu_blocks": str(num_gpu_blocks),
         "gpu_memory_utilization": "0.9",
     }
+    if kv_cache_size_tokens is not None:
+        cache_config["kv_cache_size_tokens"] = kv_cache_size_tokens
     return [
         series("vllm:cache_config_info", target, pod, gauge(1), **labels, **cache_config),
         series("vllm:num_requests_waiting", target, pod, gauge(waiting), **labels),
@@ -140,6 +149,12 @@ INPUT = [
     # an engine-changing rollout: one vLLM pod and one SGLang pod behind the same target
     *vllm_pod("mix", "mix-0", waiting=2, running=4, kv=0.5),
     *sglang_pod("mix", "mix-1", queue=3, running=4, usage=0.25, used_tokens=2000),
+    # an upgrade to a vLLM release that states kv_cache_size_tokens, serving a hybrid model whose 1,000 blocks of
+    # 16 hold 50,000 tokens, beside a pod of the old release with the same blocks; and an attention-free model
+    # ("None": no KV cache to size)
+    *vllm_pod("hy", "hy-0", waiting=1, running=4, kv=0.5),
+    *vllm_pod("hy", "hy-1", waiting=1, running=4, kv=0.2, kv_cache_size_tokens="50000"),
+    *vllm_pod("hy", "hy-2", waiting=0, running=0, kv=0.0, num_gpu_blocks=0, kv_cache_size_tokens="None"),
     # TTFT: vLLM (0.001, 0.1, 0.5, ...) and SGLang (0.1, 0.2, 0.4, ...) bucket bounds differ
     *ttft_histogram("vllm", "v", "v-0", ("0.1", "0.5", "+Inf")),
     *ttft_histogram("sglang", "s", "s-0", ("0.2", "0.4", "+Inf")),
@@ -156,12 +171,23 @@ def expect(kind: SignalKind, target: str, value: float | None, kv_sizes=()) -> d
     return {"expr": query, "eval_time": "10m", "exp_samples": samples}
 
 
-def expect_sizes(target: str, sizes: list[tuple[str, str]]) -> dict:
-    samples = [{"labels": f'{{block_size="{b}",num_gpu_blocks="{n}"}}', "value": 1} for n, b in sizes]
+def expect_sizes(target: str, sizes: list[tuple[str, ...]]) -> dict:
+    """`sizes`: (num_gpu_blocks, block_size) or (num_gpu_blocks, block_size, kv_cache_size_tokens)."""
+    samples = []
+    for n, b, *stated in sizes:
+        labels = f'block_size="{b}",num_gpu_blocks="{n}"' + "".join(
+            f',kv_cache_size_tokens="{t}"' for t in stated
+        )
+        samples.append({"labels": "{" + labels + "}", "value": 1})
     return {"expr": kv_cache_sizes_query("ns", target), "eval_time": "10m", "exp_samples": samples}
 
 
-SIZES = (KVCacheSize(500, 16), KVCacheSize(1000, 16))
+SIZES = (KVCacheSize.of_blocks(500, 16), KVCacheSize.of_blocks(1000, 16))
+# a hybrid model on a release that states its capacity: 50,000 tokens, not its 1,000 blocks x 16
+STATED = KVCacheSize.from_labels(
+    {"kv_cache_size_tokens": "50000", "num_gpu_blocks": "1000", "block_size": "16"}
+)
+HYBRID_ROLLOUT_SIZES = (KVCacheSize.of_blocks(1000, 16), STATED)
 
 
 def expect_age(target: str, eval_time: str, age_s: float | None) -> dict:
@@ -198,6 +224,7 @@ CASES = [
     expect_sizes("v", [("1000", "16"), ("500", "16")]),
     expect_sizes("mix", [("1000", "16")]),
     expect_sizes("s", []),
+    expect_sizes("hy", [("1000", "16"), ("1000", "16", "50000"), ("0", "16", "None")]),
     # token load: queued tokens + the tokens held. vLLM's occupancy times each engine's own cache size
     # (0.75 x 16,000 + 0.25 x 8,000), SGLang's used tokens (per dp rank, summed), both in a mixed target
     expect(SignalKind.TOKEN_LOAD, "v", 4 * 800 + 12000 + 2000, SIZES),
@@ -205,6 +232,8 @@ CASES = [
     expect(SignalKind.TOKEN_LOAD, "s", 5 * 800 + 6000),
     expect(SignalKind.TOKEN_LOAD, "dp", 7 * 800 + 4000),
     expect(SignalKind.TOKEN_LOAD, "mix", 5 * 800 + 0.5 * 16000 + 2000, SIZES),
+    # each engine by its own size, the stated one where stated, none counted twice: 0.5 x 16,000 + 0.2 x 50,000
+    expect(SignalKind.TOKEN_LOAD, "hy", 2 * 800 + 0.5 * 16000 + 0.2 * 50000, HYBRID_ROLLOUT_SIZES),
     # with no size known, a target with a vLLM engine estimates what every running sequence holds:
     # running x (prompt + output / 2) = running x 900
     expect(SignalKind.TOKEN_LOAD, "v", 4 * 800 + 8 * 900),

@@ -301,7 +301,7 @@ def test_the_shipped_queries_give_what_prometheus_gives(tmp_path):
     store = _store(series)
     queries = [signal_query(kind, "ns", "m") for kind in SignalKind if kind is not SignalKind.PROMQL]
     # The token load as the controller writes it once it has read the engines' cache sizes.
-    sizes = (KVCacheSize(500, 16), KVCacheSize(1000, 16))
+    sizes = (KVCacheSize.of_blocks(500, 16), KVCacheSize.of_blocks(1000, 16))
     queries += [
         kv_cache_sizes_query("ns", "m"),
         signal_query(SignalKind.TOKEN_LOAD, "ns", "m", kv_sizes=sizes),

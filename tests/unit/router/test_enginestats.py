@@ -278,3 +278,19 @@ def test_lines_end_at_newlines_only():
     )
     stats = parse_engine_metrics(text, 1.0, models={"a\x0cb"})
     assert (stats.waiting, stats.running) == (2.0, 1.0)
+
+
+def test_vllm_capacity_is_the_stated_one_where_vllm_states_it():
+    # a hybrid model on a release with vllm-project/vllm#42206, two data-parallel engines: block_size is the
+    # smallest KV group's block, so blocks x block_size (2 x 320 x 8) would say 5,120 tokens where they hold
+    # 2 x 463,459
+    text = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="8",engine="0",kv_cache_size_tokens="463459",num_gpu_blocks="320"} 1\n'
+        'vllm:cache_config_info{block_size="8",engine="1",kv_cache_size_tokens="463459",num_gpu_blocks="320"} 1\n'
+    )
+    stats = parse_engine_metrics(text, 1.0)
+    assert (stats.block_size, stats.num_gpu_blocks, stats.kv_capacity_tokens) == (8, 640, 2 * 463459)
+    # a model with no KV cache states "None": no capacity, not the product
+    text = 'vllm:cache_config_info{block_size="16",kv_cache_size_tokens="None",num_gpu_blocks="100"} 1\n'
+    assert parse_engine_metrics(text, 1.0).kv_capacity_tokens is None
