@@ -36,6 +36,32 @@ def error_response(status: int, message: str, kind: str | None = None, headers: 
     return web.json_response(error_body(status, message, kind), status=status, headers=headers)
 
 
+# What the front serves, named in the error a client gets for any other path.
+SERVED = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health"
+
+
+@web.middleware
+async def openai_style_routing_errors(request: web.Request, handler) -> web.StreamResponse:
+    """aiohttp answers an unknown path or method with a plain-text 404 or 405; an OpenAI client expects a JSON
+    error body it can show, naming what is wrong (an embeddings or responses call to a completions router)."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return error_response(
+            404,
+            f"{request.method} {request.path} is not served by this router; it serves {SERVED}",
+            "not_found_error",
+        )
+    except web.HTTPMethodNotAllowed as refused:
+        allowed = ", ".join(sorted(refused.allowed_methods))
+        return error_response(
+            405,
+            f"{request.method} is not allowed on {request.path}; use {allowed}",
+            "invalid_request_error",
+            headers={"Allow": allowed},
+        )
+
+
 class ClientGone(ConnectionResetError):
     """The client hung up while its answer streamed (a ConnectionResetError, so the exchange records the
     ending as client gone); carries the response already started for it."""
@@ -60,7 +86,9 @@ class HttpFront:
 
     def app(self) -> web.Application:
         # client_max_size is enforced by hand below (a JSON 413 instead of aiohttp's text one)
-        app = web.Application(client_max_size=self.max_body_bytes + 1)
+        app = web.Application(
+            client_max_size=self.max_body_bytes + 1, middlewares=[openai_style_routing_errors]
+        )
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.completions)
         app.router.add_get("/v1/models", self.list_models)

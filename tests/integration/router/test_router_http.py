@@ -83,6 +83,14 @@ async def test_bad_input_gets_clear_4xx_errors(engines, router, http):
         assert response.status == 400
     async with http.get(url(server, "/v1/models")) as response:
         assert [m["id"] for m in (await response.json())["data"]] == [MODEL]
+    # a path or method the router does not serve: a JSON error naming it and what is served, not plain text
+    async with http.post(url(server, "/v1/embeddings"), json={"model": MODEL, "input": "hi"}) as response:
+        assert response.status == 404
+        message = (await response.json())["error"]["message"]
+        assert "POST /v1/embeddings" in message and "POST /v1/chat/completions" in message
+    async with http.get(url(server, "/v1/completions")) as response:
+        assert response.status == 405 and response.headers["Allow"] == "POST"
+        assert "GET is not allowed on /v1/completions" in (await response.json())["error"]["message"]
 
 
 async def test_canary_weights_are_honoured(engines, router, http):
