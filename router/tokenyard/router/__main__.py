@@ -162,13 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
         "its prefill holds back (default: off)",
     )
     route.add_argument(
-        "--prefill-weight",
-        type=float,
-        default=1.0,
-        help="how many output tokens owed a prompt token still to prefill on a replica weighs in its load "
-        "(default %(default)s)",
-    )
-    route.add_argument(
         "--prefill-progress",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -273,10 +266,6 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         raise ConfigError(f"--epp-port {args.epp_port}: not a port number (-1 disables the endpoint picker)")
     if args.epp_fallbacks < 0:
         raise ConfigError(f"--epp-fallbacks {args.epp_fallbacks}: must be >= 0")
-    if not args.prefill_weight >= 1.0:
-        raise ConfigError(
-            f"--prefill-weight {args.prefill_weight}: must be >= 1 (a prompt token weighs at least an output token)"
-        )
     settings = RouterSettings(
         default_max_tokens=args.default_max_tokens,
         chars_per_token=args.chars_per_token,
@@ -288,7 +277,6 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         miss_penalty=args.miss_penalty,
         prefix_feedback=args.prefix_feedback,
         prefill_interference=args.prefill_interference,
-        prefill_weight=args.prefill_weight,
         prefill_progress=args.prefill_progress,
     )
     return ServerOptions(

@@ -192,11 +192,6 @@ class LoadLedger:
         rate = self._rates.get(replica)
         return rate.tokens_per_s if rate else None
 
-    def prefill_owed(self, replica: str) -> int:
-        """Prompt tokens of the replica's open tickets still waiting for their first token."""
-        prefilling = self._prefilling.get(replica)
-        return sum(ticket.prefill_left for ticket in prefilling.values()) if prefilling else 0
-
     def prefill_done(self, replica: str, now: float) -> float:
         """Prompt tokens of the replica's open prefills that it has likely prefilled by ``now``: its measured
         rate times the time the engine has been on them, never more than they owe (the engine works through
@@ -209,7 +204,8 @@ class LoadLedger:
             return 0.0
         oldest = next(iter(prefilling.values()))
         began = max(oldest.opened_at, self._prefill_ended_at.get(replica, oldest.opened_at))
-        return min(float(self.prefill_owed(replica)), rate * max(0.0, now - began))
+        owed = sum(ticket.prefill_left for ticket in prefilling.values())
+        return min(float(owed), rate * max(0.0, now - began))
 
     def generated(self, ticket: Ticket, tokens: int, now: float | None = None) -> None:
         """``tokens`` more output tokens streamed (the first one also ends the prefill; ``now`` as for

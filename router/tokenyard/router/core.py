@@ -105,7 +105,6 @@ class Pipeline:
         saturation: SaturationLimits | None = None,
         miss_penalty: float = DEFAULT_MISS_PENALTY,
         prefill_interference: bool = False,
-        prefill_weight: float = 1.0,
     ) -> Pipeline:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         scorers: list[tuple[Scorer, float]] = []
@@ -116,11 +115,7 @@ class Pipeline:
                 continue
             options: dict[str, Any] = {"guard": guard} if name == "prefixCache" and guard else {}
             if name == "outstandingTokens":
-                options = {
-                    "miss_penalty": miss_penalty,
-                    "prefill_interference": prefill_interference,
-                    "prefill_weight": prefill_weight,
-                }
+                options = {"miss_penalty": miss_penalty, "prefill_interference": prefill_interference}
             scorers.append((Scorer.build(name, **options), float(weight)))  # type: ignore[arg-type]
         filter_options: dict[str, dict[str, Any]] = {"notSaturated": {"limits": saturation}}
         built = [Filter.build(name, **filter_options.get(name, {})) for name in filters]

@@ -25,7 +25,6 @@ class ReplicaSnapshot:
     healthy: bool = True
     ejected: bool = False
     outstanding_tokens: int = 0  # counted by the router(s): prefill not yet done + expected decode
-    outstanding_prefill_tokens: int = 0  # of those, the prompt tokens not yet prefilled (this router's own)
     outstanding_requests: int = 0
     # From the replica's /metrics; None when unknown or older than the freshness bound (unknown is not zero).
     kv_usage: float | None = None  # 0..1

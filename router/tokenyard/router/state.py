@@ -97,7 +97,6 @@ class RouterSettings:
     retry_after_s: int = 1
     miss_penalty: float = DEFAULT_MISS_PENALTY  # see plugins.outstanding_tokens.expected_load
     prefill_interference: bool = False  # likewise
-    prefill_weight: float = 1.0  # likewise
     # Count the prefill a replica has likely done on our oldest open prompt there (accounting.LoadLedger.prefill_done).
     # Off by default: on bench-router's tuning workloads (one run, 3 rounds, 2026-12-04, BENCH_VARIANTS) it removed
     # no_sharing's burst tail (TTFT p99 0.320 -> 0.270 s, rounds 0.31/0.41/0.30 -> 0.27/0.27/0.27; round robin
@@ -258,7 +257,6 @@ class RouterState:
 
     def snapshot(self, endpoint: Endpoint, now: float) -> ReplicaSnapshot:
         load = self.load(endpoint.name)
-        done = self._prefill_done(endpoint.name, now)
         stats = self.stats.get(endpoint.name)
         fresh = stats is not None and stats.fresh(now, self.settings.metrics_max_age_s)
         return ReplicaSnapshot(
@@ -269,8 +267,7 @@ class RouterState:
             ejected=self.failures.is_ejected(endpoint.name, now),
             # What the replica owes, less the prefill it has likely done since our oldest open prompt there was
             # sent (accounting.LoadLedger.prefill_done; requests of peer routers are counted whole).
-            outstanding_tokens=max(0, round(load.tokens - done)),
-            outstanding_prefill_tokens=max(0, round(self.ledger.prefill_owed(endpoint.name) - done)),
+            outstanding_tokens=max(0, round(load.tokens - self._prefill_done(endpoint.name, now))),
             outstanding_requests=max(0, load.requests),
             kv_usage=stats.kv_usage if fresh and stats else None,
             queue_waiting=stats.waiting if fresh and stats else None,
@@ -294,7 +291,6 @@ class RouterState:
                 self.settings.saturation,
                 self.settings.miss_penalty,
                 self.settings.prefill_interference,
-                self.settings.prefill_weight,
             )
             self._pipelines[key] = pipeline
         return pipeline

@@ -51,16 +51,3 @@ def test_pipeline_prefers_the_cached_replica_when_load_is_close():
     decision = pipeline.decide(request(3000, {"a": 2900}), replicas, random.Random(0))
     assert decision.replica.name == "a"
     assert "prefixCache" in decision.breakdown
-
-
-def test_the_prefill_weight_flag_reaches_the_scorer_and_is_checked():
-    from tokenyard.router.__main__ import build_parser, options_from_args
-    from tokenyard.router.discovery import ConfigError
-
-    parser = build_parser()
-    backend = ["--backend", "http://127.0.0.1:8000"]
-    assert options_from_args(parser.parse_args(backend)).settings.prefill_weight == 1.0
-    options = options_from_args(parser.parse_args([*backend, "--prefill-weight", "3"]))
-    assert options.settings.prefill_weight == 3.0
-    with pytest.raises(ConfigError, match="--prefill-weight 0.5: must be >= 1"):
-        options_from_args(parser.parse_args([*backend, "--prefill-weight", "0.5"]))

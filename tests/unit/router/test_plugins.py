@@ -67,17 +67,6 @@ def test_outstanding_tokens_scorer_counts_uncached_prompt_as_load():
     assert scores == [0.0, 1.0]
 
 
-def test_a_prefill_weight_makes_prompts_still_to_prefill_weigh_more_than_output_owed():
-    # a owes 300 output tokens; b owes 200, all of it a prompt not yet prefilled
-    candidates = [
-        snap("a", outstanding_tokens=300),
-        snap("b", outstanding_tokens=200, outstanding_prefill_tokens=200),
-    ]
-    assert OutstandingTokensScorer().score(request(100, {}), candidates) == [0.0, 1.0]  # by tokens, b
-    # a new first token on b waits for that prompt: at 2x, b owes the equivalent of 400
-    assert OutstandingTokensScorer(prefill_weight=2.0).score(request(100, {}), candidates) == [1.0, 0.0]
-
-
 # --- prefixCache ------------------------------------------------------------------------------------------
 
 

@@ -12,7 +12,6 @@ def expected_load(
     replica: ReplicaSnapshot,
     miss_penalty: float = 0.0,
     prefill_interference: bool = False,
-    prefill_weight: float = 1.0,
 ) -> float:
     """Outstanding tokens on the replica if this request went there: what it already owes plus the part of
     this prompt it would have to prefill (its cached prefix excluded). Both are tokens, so locality and load
@@ -25,32 +24,23 @@ def expected_load(
     engine's step carries its prefill chunks and its running requests' next tokens together, so a prompt's
     prefill holds back every request running there for as long as it takes: placed beside n running requests,
     a miss costs them n times its prefill time in all (a request in flight is one more that waits). Off by
-    default: it steadied zipf_tenants' tail but raised TTFT p99 on two tuning workloads (core.py, issue 14).
-
-    ``prefill_weight``: the prompt tokens the replica has still to prefill count this many times. A new
-    request's first token waits for every prompt ahead of it there, but a running request's remaining output
-    only slows each step a little, so for the time to first token a prefill token ahead weighs more than an
-    output token owed."""
+    default: it steadied zipf_tenants' tail but raised TTFT p99 on two tuning workloads (core.py, issue 14)."""
     uncached = max(0, request.prompt_tokens - request.prefix_match_tokens.get(replica.name, 0))
     per_token = 1.0 + miss_penalty
     if prefill_interference:
         per_token += replica.outstanding_requests
-    ahead = (prefill_weight - 1.0) * replica.outstanding_prefill_tokens
-    return replica.outstanding_tokens + ahead + uncached * per_token
+    return replica.outstanding_tokens + uncached * per_token
 
 
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     higher_is_better = False
 
-    def __init__(
-        self, miss_penalty: float = 0.0, prefill_interference: bool = False, prefill_weight: float = 1.0
-    ) -> None:
+    def __init__(self, miss_penalty: float = 0.0, prefill_interference: bool = False) -> None:
         self.miss_penalty = miss_penalty
         self.prefill_interference = prefill_interference
-        self.prefill_weight = prefill_weight
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         return [
-            expected_load(request, replica, self.miss_penalty, self.prefill_interference, self.prefill_weight)
+            expected_load(request, replica, self.miss_penalty, self.prefill_interference)
             for replica in candidates
         ]
