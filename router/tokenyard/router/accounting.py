@@ -27,7 +27,6 @@ such a burst at p99). Until a replica has a measured rate, nothing is counted as
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,17 +65,22 @@ class Ticket:
 
 @dataclass
 class PrefillRate:
-    """A replica's prefill rate in prompt tokens per second: the median of the last ``window`` samples it
-    showed. Samples come from prompts of at least ``min_tokens`` (below that, the network and the engine's step
-    dominate the time).
+    """A replica's prefill rate in prompt tokens per second: the lower quartile of the last ``window`` samples
+    it showed, once it has shown ``min_samples``. Samples come from prompts of at least ``min_tokens`` (below
+    that, the network and the engine's step dominate the time).
 
-    A median, not a moving average: a sample is the tokens the router expected to be prefilled over the time
-    to first token, and where the engine held more of the prompt than the router's index knew (a prefix it kept
-    that the index had evicted, or that another router sent), the time is short for the tokens and the sample
-    is many times the real rate. One such sample moved a moving average by a fifth of its size and made every
-    prompt in flight on that replica look nearly done; a median of 15 ignores up to 7 of them."""
+    A low quantile, because the two errors are not alike. A sample is the tokens the router expected to be
+    prefilled over the time to first token; where the engine held more of the prompt than the router's index
+    knew (a prefix it kept that the index had evicted, or that another router or an earlier client sent), the
+    time is short for the tokens and the sample is many times the real rate. A rate set too high makes every
+    prompt in flight on the replica look nearly done, and the replica takes a burst it cannot serve; a rate set
+    too low only counts less progress, which is the router without progress. A moving average moved a fifth of
+    the way to one wild sample, and a median of 15 is still the wild value while most of its first samples are
+    wild (a router started beside engines that hold their prefixes); the lower quartile of 15 ignores up to 11
+    high ones, and nothing is trusted before 5 samples."""
 
     window: int = 15
+    min_samples: int = 5
     min_tokens: int = 64
     _samples: deque[float] = field(default_factory=deque)
 
@@ -89,7 +93,9 @@ class PrefillRate:
 
     @property
     def tokens_per_s(self) -> float | None:
-        return statistics.median(self._samples) if self._samples else None
+        if len(self._samples) < self.min_samples:
+            return None
+        return sorted(self._samples)[len(self._samples) // 4]
 
 
 @dataclass

@@ -2,6 +2,7 @@ import random
 
 import pytest
 from tokenyard.router.__main__ import build_parser, options_from_args, parse_weights
+from tokenyard.router.accounting import PrefillRate
 from tokenyard.router.core import DEFAULT_FILTERS
 from tokenyard.router.discovery import ConfigError, Endpoint, ModelView, Shadow
 from tokenyard.router.enginestats import EngineStats, parse_engine_metrics
@@ -242,10 +243,11 @@ def test_cli_switches_for_prefix_feedback_and_prefill_interference():
 def test_a_replica_near_the_end_of_its_prompt_looks_lighter_than_one_that_just_began():
     state = state_with([Endpoint("a", "http://a"), Endpoint("b", "http://b")])
     state.settings.prefill_progress = True  # --prefill-progress
-    for name in ("a", "b"):  # each replica's prefill rate measured once: 2,000 tokens in 0.5 s
-        probe = state.ledger.open(name, 1000, 0, now=0.0)
-        state.ledger.first_token(probe, now=0.5)
-        state.ledger.close(probe)
+    for name in ("a", "b"):  # each replica's prefill rate measured: 1,000 tokens in 0.5 s, five times
+        for i in range(PrefillRate.min_samples):
+            probe = state.ledger.open(name, 1000, 0, now=i * 0.1 - 1.0)
+            state.ledger.first_token(probe, now=i * 0.1 - 0.5)
+            state.ledger.close(probe)
     early = state.ledger.open("a", 1000, 10, now=1.0)
     late = state.ledger.open("b", 1000, 10, now=1.4)
     snapshots = {e.name: state.snapshot(e, 1.45) for e in state.models["m"].endpoints}
