@@ -102,6 +102,10 @@ class RouterSettings:
     # no_sharing's burst tail (TTFT p99 0.320 -> 0.270 s, rounds 0.31/0.41/0.30 -> 0.27/0.27/0.27; round robin
     # 0.265) with shared_prefix_70 unchanged, but shared_prefix_95's p99 rose 0.471 -> 0.559 and multi_turn's
     # 0.217 -> 0.243 (one round each), so by the rule next to core.DEFAULT_WEIGHTS it is not a default yet.
+    # With the rate as a lower quartile from 5 samples (accounting.PrefillRate; 2026-12-06, same workloads,
+    # bench/results/router-progress-quartile-2026-12-06.txt), defaults -> progress: no_sharing 0.335 -> 0.304
+    # (round robin 0.266), shared_prefix_70 0.458 -> 0.459, shared_prefix_95 0.473 -> 0.470 (the harm gone),
+    # multi_turn 0.209 -> 0.220 (p90 0.167 -> 0.179, worse in two rounds of three): still mixed, still off.
     prefill_progress: bool = False
     # Correct the prefix index from the cached tokens engines report per request (learn_cached_tokens).
     prefix_feedback: bool = False
