@@ -106,6 +106,8 @@ class RouterSettings:
     # bench/results/router-progress-quartile-2026-12-06.txt), defaults -> progress: no_sharing 0.335 -> 0.304
     # (round robin 0.266), shared_prefix_70 0.458 -> 0.459, shared_prefix_95 0.473 -> 0.470 (the harm gone),
     # multi_turn 0.209 -> 0.220 (p90 0.167 -> 0.179, worse in two rounds of three): still mixed, still off.
+    # Trusted from the first sample instead, no_sharing's burst goes (0.332 -> 0.268) and shared_prefix_95's
+    # pooled p99 comes back (0.467 -> 0.558, decided by a fresh router's first-round cold burst): README.
     prefill_progress: bool = False
     # Correct the prefix index from the cached tokens engines report per request (learn_cached_tokens).
     prefix_feedback: bool = False
