@@ -56,9 +56,19 @@ def _sglang(name: str) -> str:
     return f'max without ({SGLANG_RANK_LABELS}) ({name}{{priority="",$selector}})'
 
 
+# vLLM run with several API-server processes (--api-server-count > 1) uses prometheus_client's multiprocess mode,
+# where a gauge left at the default mode ("all") is exported once per process with a `pid` label: the process
+# that records it has the value, every other one 0. vllm:kv_cache_usage_perc was such a gauge until
+# vllm-project/vllm#28792 (merged 2025-11-16); the scheduler gauges were "mostrecent" (one series) before that.
+# So every vLLM gauge read here is reduced with `max without (pid)`, which changes nothing where there is no pid.
+def _vllm(name: str) -> str:
+    return f"max without (pid) ({name}{{$selector}})"
+
+
 def _both(vllm: str, sglang: str) -> str:
-    """One instant vector of both engines' series of a gauge, SGLang's ranks reduced."""
-    return f"{vllm}{{$selector}} or {_sglang(sglang)}"
+    """One instant vector of both engines' series of a gauge, vLLM's process copies and SGLang's ranks
+    reduced."""
+    return f"{_vllm(vllm)} or {_sglang(sglang)}"
 
 
 def _rates(vllm: str, sglang: str, window: str = "5m") -> str:
@@ -180,7 +190,7 @@ def _token_load(sizes: Sequence[KVCacheSize]) -> str:
         held = f"((sum({_SGLANG_USED_TOKENS}) unless on() count({vllm_running})) or {_ESTIMATED_KV_TOKENS})"
     else:
         per_size = [
-            f"vllm:kv_cache_usage_perc{{$selector}} * on({_VLLM_ENGINE_LABELS}) "
+            f"{_vllm('vllm:kv_cache_usage_perc')} * on({_VLLM_ENGINE_LABELS}) "
             f"vllm:cache_config_info{{{s.matchers()},$selector}}"
             f" * {s.tokens}"
             for s in sizes

@@ -119,7 +119,11 @@ for _name, _family in list(_SAMPLE_FAMILY.items()):
 _PREFIXES = tuple(sorted(_SAMPLE_FAMILY))
 
 # Labels that tell apart ranks of one scheduler (the same state reported again), not separate engines.
-_RANK_LABELS = frozenset(("tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank", "attn_cp_rank"))
+# Labels whose series are copies of one state, reduced to their maximum: SGLang's ranks of one scheduler, and
+# `pid`, which prometheus_client's multiprocess mode adds to a gauge of mode "all" per process (vLLM with
+# --api-server-count > 1 exported vllm:kv_cache_usage_perc so until vllm-project/vllm#28792: the recording
+# process's value beside a 0 from every other one).
+_COPY_LABELS = frozenset(("tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank", "attn_cp_rank", "pid"))
 
 
 # --- bytes -> text ------------------------------------------------------------------------------------------
@@ -294,12 +298,13 @@ def _samples(text: str) -> tuple[list[tuple[str, dict[str, str], float]], bool]:
 
 
 def _reduce(series: Iterable[tuple[dict[str, str], float]], ratio: bool) -> float | None:
-    """Ranks of one scheduler -> their maximum; the rest summed (counts) or averaged (ratios)."""
+    """Copies of one state (ranks of a scheduler, processes of a server) -> their maximum; the rest summed
+    (counts) or averaged (ratios)."""
     groups: dict[tuple[tuple[str, str], ...], float] = {}
     for labels, value in series:
         if not math.isfinite(value):
             continue
-        key = tuple(sorted((k, v) for k, v in labels.items() if k not in _RANK_LABELS))
+        key = tuple(sorted((k, v) for k, v in labels.items() if k not in _COPY_LABELS))
         previous = groups.get(key)
         groups[key] = value if previous is None else max(previous, value)
     if not groups:

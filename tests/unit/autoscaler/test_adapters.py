@@ -39,7 +39,7 @@ from tokenyard.core.types import InferenceAutoscalerSpec
 def test_default_queries_select_the_target_and_use_both_engines_names():
     q = signal_query(SignalKind.KV_CACHE_USAGE, "team-a", "llama")
     assert q == (
-        'avg(vllm:kv_cache_usage_perc{namespace="team-a",model_deployment="llama"}'
+        'avg(max without (pid) (vllm:kv_cache_usage_perc{namespace="team-a",model_deployment="llama"})'
         " or max without (tp_rank, pp_rank, moe_ep_rank)"
         ' (sglang:token_usage{priority="",namespace="team-a",model_deployment="llama"}))'
     )

@@ -15,12 +15,15 @@ from tokenyard.autoscaler.prometheus import KVCacheSize, freshness_query, kv_cac
 def test_every_gauge_signal_reads_both_engines_before_aggregating():
     waiting = signal_query(SignalKind.WAITING_REQUESTS, "ns", "t")
     assert waiting == (
-        'sum(vllm:num_requests_waiting{namespace="ns",model_deployment="t"}'
+        'sum(max without (pid) (vllm:num_requests_waiting{namespace="ns",model_deployment="t"})'
         " or max without (tp_rank, pp_rank, moe_ep_rank)"
         ' (sglang:num_queue_reqs{priority="",namespace="ns",model_deployment="t"}))'
     )
     kv = signal_query(SignalKind.KV_CACHE_USAGE, "ns", "t")
-    assert kv.startswith("avg(vllm:kv_cache_usage_perc{") and 'sglang:token_usage{priority="",' in kv
+    assert (
+        kv.startswith("avg(max without (pid) (vllm:kv_cache_usage_perc{")
+        and 'sglang:token_usage{priority="",' in kv
+    )
     load = signal_query(SignalKind.TOKEN_LOAD, "ns", "t")
     for name in (
         "vllm:num_requests_running",
@@ -80,6 +83,7 @@ def vllm_pod(
     kv: float,
     num_gpu_blocks: int = 1000,
     kv_cache_size_tokens: str | None = None,
+    api_server_pids: tuple[str, ...] = (),
 ) -> list[dict]:
     labels = {"engine": "0", "model_name": "m", "instance": f"{pod}:8000"}
     # the info gauge: CacheConfig's fields as labels (block_size 16: num_gpu_blocks x 16 tokens), value 1;
@@ -95,7 +99,16 @@ def vllm_pod(
         series("vllm:cache_config_info", target, pod, gauge(1), **labels, **cache_config),
         series("vllm:num_requests_waiting", target, pod, gauge(waiting), **labels),
         series("vllm:num_requests_running", target, pod, gauge(running), **labels),
-        series("vllm:kv_cache_usage_perc", target, pod, gauge(kv), **labels),
+        # with several API-server processes, vLLM before #28792 exported the usage once per process (`pid`):
+        # the recording process's value, 0 from every other one
+        *(
+            [series("vllm:kv_cache_usage_perc", target, pod, gauge(kv), **labels)]
+            if not api_server_pids
+            else [
+                series("vllm:kv_cache_usage_perc", target, pod, gauge(kv if i == 0 else 0), pid=pid, **labels)
+                for i, pid in enumerate(api_server_pids)
+            ]
+        ),
         # 10 requests a minute of 800 prompt and 200 output tokens
         series("vllm:request_prompt_tokens_sum", target, pod, counter(8000), **labels),
         series("vllm:request_prompt_tokens_count", target, pod, counter(10), **labels),
@@ -155,6 +168,8 @@ INPUT = [
     *vllm_pod("hy", "hy-0", waiting=1, running=4, kv=0.5),
     *vllm_pod("hy", "hy-1", waiting=1, running=4, kv=0.2, kv_cache_size_tokens="50000"),
     *vllm_pod("hy", "hy-2", waiting=0, running=0, kv=0.0, num_gpu_blocks=0, kv_cache_size_tokens="None"),
+    # vLLM with --api-server-count 3, before vllm-project/vllm#28792
+    *vllm_pod("mp", "mp-0", waiting=2, running=4, kv=0.6, api_server_pids=("11", "12", "13")),
     # TTFT: vLLM (0.001, 0.1, 0.5, ...) and SGLang (0.1, 0.2, 0.4, ...) bucket bounds differ
     *ttft_histogram("vllm", "v", "v-0", ("0.1", "0.5", "+Inf")),
     *ttft_histogram("sglang", "s", "s-0", ("0.2", "0.4", "+Inf")),
@@ -215,6 +230,9 @@ CASES = [
     expect(SignalKind.KV_CACHE_USAGE, "dp", 0.5),
     expect(SignalKind.KV_CACHE_USAGE, "mix", 0.375),
     expect(SignalKind.KV_CACHE_USAGE, "nobody", None),
+    expect(
+        SignalKind.KV_CACHE_USAGE, "mp", 0.6
+    ),  # the recording process's value, not the mean with the zeros
     # queued tokens: waiting x mean prompt (800 tokens) of either engine's finished requests
     expect(SignalKind.QUEUED_TOKENS, "v", 4 * 800),
     expect(SignalKind.QUEUED_TOKENS, "s", 5 * 800),
@@ -234,6 +252,8 @@ CASES = [
     expect(SignalKind.TOKEN_LOAD, "mix", 5 * 800 + 0.5 * 16000 + 2000, SIZES),
     # each engine by its own size, the stated one where stated, none counted twice: 0.5 x 16,000 + 0.2 x 50,000
     expect(SignalKind.TOKEN_LOAD, "hy", 2 * 800 + 0.5 * 16000 + 0.2 * 50000, HYBRID_ROLLOUT_SIZES),
+    # one term per process would be a many-to-one join, which PromQL refuses: the process copies are reduced first
+    expect(SignalKind.TOKEN_LOAD, "mp", 2 * 800 + 0.6 * 16000, SIZES),
     # with no size known, a target with a vLLM engine estimates what every running sequence holds:
     # running x (prompt + output / 2) = running x 900
     expect(SignalKind.TOKEN_LOAD, "v", 4 * 800 + 8 * 900),

@@ -294,3 +294,16 @@ def test_vllm_capacity_is_the_stated_one_where_vllm_states_it():
     # a model with no KV cache states "None": no capacity, not the product
     text = 'vllm:cache_config_info{block_size="16",kv_cache_size_tokens="None",num_gpu_blocks="100"} 1\n'
     assert parse_engine_metrics(text, 1.0).kv_capacity_tokens is None
+
+
+def test_vllm_usage_exported_once_per_api_server_process_is_the_recording_process_value():
+    # vLLM with --api-server-count 3 before vllm-project/vllm#28792: one series per process (`pid`), the
+    # recording one with the value and 0 from the others; their mean would read a third of the real usage
+    text = (
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="271"} 0.0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="273"} 0.65\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m",pid="275"} 0.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3\n'
+    )
+    stats = parse_engine_metrics(text, 1.0)
+    assert stats.kv_usage == pytest.approx(0.65) and stats.waiting == 3.0
