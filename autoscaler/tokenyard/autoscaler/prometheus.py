@@ -48,8 +48,12 @@ DEFAULT_SELECTOR = 'namespace="$namespace",model_deployment="$target"'
 # totals in both cases. Ranks of one scheduler (tp/pp/moe_ep; all of them report with
 # --enable-metrics-for-all-schedulers, and every pipeline stage does by default) carry the same state, so they
 # are reduced with `max without (...)` before summing; data-parallel ranks (`dp_rank`) are separate queues and
-# are summed.
-SGLANG_RANK_LABELS = "tp_rank, pp_rank, moe_ep_rank"
+# are summed. Each scheduler is a process of its own and SGLang's multiprocess Prometheus client labels its
+# gauges with the process's `pid` too (a public exposition of DeepSeek-R1 with data-parallel attention,
+# vllm-project/aibrix#1614, shows `dp_rank`, `tp_rank` and `pid` on every scheduler gauge), so copies of one
+# scheduler's state differ by `pid` as well as by rank: it is reduced with the ranks, and `dp_rank` still tells
+# the data-parallel queues apart.
+SGLANG_RANK_LABELS = "tp_rank, pp_rank, moe_ep_rank, pid"
 
 
 def _sglang(name: str) -> str:

@@ -24,9 +24,10 @@ SGLang labels scheduler series with ``model_name``, ``engine_type``, ``tp_rank``
 ``sglang:page_size``/``sglang:num_pages`` exist only in recent SGLang (emit_constants); older releases export
 ``sglang:max_total_num_tokens`` alone, and the page size then stays unknown (SGLang's default page is 1 token).
 
-Aggregation: breakdown series (``priority`` not empty) are dropped; series that differ only in a rank label
-(tp/pp/moe_ep: ranks of one scheduler reporting the same state, e.g. with SGLang's
---enable-metrics-for-all-schedulers) are reduced to their maximum; what remains (several data-parallel engines,
+Aggregation: breakdown series (``priority`` not empty) are dropped; series that differ only in a rank or
+process label (tp/pp/moe_ep: ranks of one scheduler reporting the same state, e.g. with SGLang's
+--enable-metrics-for-all-schedulers; ``pid``: one copy per process of a multiprocess Prometheus client) are
+reduced to their maximum; what remains (several data-parallel engines,
 several models) is summed for counts, counters and capacity and averaged for ratios. NaN and infinite samples
 say nothing and are ignored. When the replica is known to serve particular model names and the payload labels
 series with ``model_name``, only those models' series are read (an endpoint fronting several engines); if none

@@ -40,7 +40,7 @@ def test_default_queries_select_the_target_and_use_both_engines_names():
     q = signal_query(SignalKind.KV_CACHE_USAGE, "team-a", "llama")
     assert q == (
         'avg(max without (pid) (vllm:kv_cache_usage_perc{namespace="team-a",model_deployment="llama"})'
-        " or max without (tp_rank, pp_rank, moe_ep_rank)"
+        " or max without (tp_rank, pp_rank, moe_ep_rank, pid)"
         ' (sglang:token_usage{priority="",namespace="team-a",model_deployment="llama"}))'
     )
     ttft = signal_query(SignalKind.TTFT_P95, "team-a", "llama")

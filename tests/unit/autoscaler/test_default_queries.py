@@ -16,7 +16,7 @@ def test_every_gauge_signal_reads_both_engines_before_aggregating():
     waiting = signal_query(SignalKind.WAITING_REQUESTS, "ns", "t")
     assert waiting == (
         'sum(max without (pid) (vllm:num_requests_waiting{namespace="ns",model_deployment="t"})'
-        " or max without (tp_rank, pp_rank, moe_ep_rank)"
+        " or max without (tp_rank, pp_rank, moe_ep_rank, pid)"
         ' (sglang:num_queue_reqs{priority="",namespace="ns",model_deployment="t"}))'
     )
     kv = signal_query(SignalKind.KV_CACHE_USAGE, "ns", "t")
@@ -64,11 +64,13 @@ def series(name: str, target: str, pod: str, value: str, **labels: str) -> dict:
 
 
 def sglang_scheduler(name: str, target: str, pod: str, total: float, ranks=(0, 1), **labels) -> list[dict]:
-    """What SGLang with --enable-metrics-for-all-schedulers and priority scheduling exports: every TP rank the
-    same total under priority="", and a breakdown per priority that must not be added to it."""
+    """What SGLang with --enable-metrics-for-all-schedulers and priority scheduling exports: every TP rank (a
+    process of its own, with its `pid`) the same total under priority="", and a breakdown per priority that
+    must not be added to it."""
     out = []
     for rank in ranks:
-        rank_labels = {"tp_rank": str(rank), "pp_rank": "0", "moe_ep_rank": str(rank), **labels}
+        pid = str(1000 + 10 * int(labels.get("dp_rank", "0")) + rank)
+        rank_labels = {"tp_rank": str(rank), "pp_rank": "0", "moe_ep_rank": str(rank), "pid": pid, **labels}
         out.append(series(name, target, pod, gauge(total), priority="", **rank_labels))
         out.append(series(name, target, pod, gauge(total * 0.75), priority="0", **rank_labels))
         out.append(series(name, target, pod, gauge(total * 0.25), priority="10", **rank_labels))
