@@ -15,8 +15,9 @@ blocks do not fit waits for others to finish however little compute that replica
 
 A replica's prefill debt is not all still ahead: an engine prefills the prompts it has in arrival order, so the
 oldest open prefill on a replica has been worked on since it was sent. ``prefill_done`` estimates how much, from
-the time since then and the replica's prefill rate as this router has measured it (``PrefillRate``: a low quantile of prompt
-tokens over time to first token, from requests that found no other prefill of ours ahead of them). Without it,
+the time since then and the replica's prefill rate as this router has measured it (``PrefillRate``: a low
+quantile of prompt tokens over time to first token, from requests that found no other prefill of ours ahead of
+them). Without it,
 two replicas owing one prompt each look alike though one is about to finish it and the other has just begun:
 the load score then sends the next request of a burst to the one that began last, where round robin's rotation
 sends it to the one that began first (bench/policy_replay.py: the load score's TTFT p99.7 30.1 ms against round

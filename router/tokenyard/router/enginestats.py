@@ -119,7 +119,6 @@ for _name, _family in list(_SAMPLE_FAMILY.items()):
 # line prefixes worth a closer look (str.startswith with a tuple runs in C: most lines fail it at once)
 _PREFIXES = tuple(sorted(_SAMPLE_FAMILY))
 
-# Labels that tell apart ranks of one scheduler (the same state reported again), not separate engines.
 # Labels whose series are copies of one state, reduced to their maximum: SGLang's ranks of one scheduler, and
 # `pid`, which prometheus_client's multiprocess mode adds to a gauge of mode "all" per process (vLLM with
 # --api-server-count > 1 exported vllm:kv_cache_usage_perc so until vllm-project/vllm#28792: the recording

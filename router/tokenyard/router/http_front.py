@@ -36,8 +36,13 @@ def error_response(status: int, message: str, kind: str | None = None, headers: 
     return web.json_response(error_body(status, message, kind), status=status, headers=headers)
 
 
-# What the front serves, named in the error a client gets for any other path.
-SERVED = "POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health"
+def served_routes(app: web.Application) -> str:
+    """What the front serves, read from its own route table (aiohttp adds a HEAD beside every GET)."""
+    return ", ".join(
+        f"{route.method} {route.resource.canonical}"
+        for route in app.router.routes()
+        if route.method != "HEAD" and route.resource is not None
+    )
 
 
 @web.middleware
@@ -49,7 +54,8 @@ async def openai_style_routing_errors(request: web.Request, handler) -> web.Stre
     except web.HTTPNotFound:
         return error_response(
             404,
-            f"{request.method} {request.path} is not served by this router; it serves {SERVED}",
+            f"{request.method} {request.path} is not served by this router; it serves "
+            f"{served_routes(request.app)}",
             "not_found_error",
         )
     except web.HTTPMethodNotAllowed as refused:
