@@ -125,6 +125,12 @@ COLD_START_S = 120.0
 # A removed group's pods are deleted when its last request ends or when the drain timeout passes, whichever
 # comes first (Kubernetes' default termination grace period, and tokenyard's rollout.drainSeconds default);
 # until then it costs its GPUs. What is still running at the timeout is cut off and counts as a miss.
+# That is what tokenyard's operator does for a one-pod group (the leader's preStop hook, operator/tokenyard/
+# operator/drain_wait.py, lets SIGTERM through once the engine is idle; it also waits 5 s first for routers to
+# see the pod leave, and reads idleness twice a second apart, which is not charged here: about 6 s per removed
+# group, under 0.1 GPU-hours a run). A Deployment under HPA or KEDA gets the same with a preStop sleep and vLLM's
+# --shutdown-timeout (vLLM then exits once idle; KServe's LLMInferenceService renders that, kserve/kserve#5496),
+# Knative's queue-proxy drains until idle for up to the revision timeout (300 s by default, longer than this).
 DRAIN_TIMEOUT_S = 30.0
 # Every run starts with 2 groups serving, for a load that needs 3 or more, while the first floor or reserve groups
 # cold-start: in a probe of 2026-12-05 the first 5 minutes held most of every policy's misses (the tuned tokenyard

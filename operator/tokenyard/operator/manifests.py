@@ -6,9 +6,12 @@ Names come from one place (`GroupNames`) so that the operator, its tests and the
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tokenyard.core import labels
@@ -21,6 +24,38 @@ _NAME_BUDGET = 40
 STARTUP_PROBE_PERIOD_SECONDS = 10
 # Time an engine gets after SIGTERM (past the preStop drain) to close its sockets and free the GPUs.
 ENGINE_SHUTDOWN_SECONDS = 30
+# The gauges whose sum is an engine's open requests (running and waiting), which the leader's preStop hook
+# (drain_wait) reads from the engine's own /metrics to end the drain when they are all done.
+OPEN_REQUEST_GAUGES = {
+    EngineKind.VLLM: ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    EngineKind.SGLANG: ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+}
+
+
+def pre_stop(kind: EngineKind, port: int, drain_seconds: int, leader: bool) -> dict[str, Any]:
+    """The preStop hook of a rendered engine's container (see drain_wait)."""
+    if not leader:
+        return {"sleep": {"seconds": drain_seconds}}
+    url = f"http://127.0.0.1:{port}/metrics"
+    command = ["python3", "-c", _drain_wait_source(), url, str(drain_seconds), *OPEN_REQUEST_GAUGES[kind]]
+    return {"exec": {"command": command}}
+
+
+@functools.cache
+def _drain_wait_source() -> str:
+    """drain_wait.py as the pod runs it: its code without the docstrings, which only the repository needs."""
+    tree = ast.parse(Path(__file__).with_name("drain_wait.py").read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.FunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
 
 
 @dataclass(frozen=True)
@@ -133,9 +168,12 @@ def pod_manifest(
         }
     drain = spec.rollout.drain_seconds
     if rendered and drain > 0:
-        # Deleted out of band (a node drain, kubectl delete): the pod leaves the router's endpoints at once, and
-        # the engine gets SIGTERM only after the streams it is serving have had the drain period to finish.
-        container["lifecycle"] = {"preStop": {"sleep": {"seconds": drain}}}
+        # A deleted pod (scale-down, an old revision, a node drain, kubectl delete) leaves the router's endpoints
+        # at once, and the engine gets SIGTERM only after the streams it is serving have finished or had the
+        # drain period. The leader waits on its engine's open requests, so an idle group frees its GPUs in
+        # seconds; a worker cannot see them (its leader may be gone from DNS with the group's Service), so it
+        # sleeps the whole period rather than break a group still streaming.
+        container["lifecycle"] = {"preStop": pre_stop(engine.kind, engine.port, drain, leader=rank == 0)}
     template = copy.deepcopy(engine.pod_template or {})
     meta = template.get("metadata", {})
     pod_spec = template.get("spec", {})

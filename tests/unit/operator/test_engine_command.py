@@ -165,14 +165,23 @@ def test_what_a_gpu_engine_pod_needs_to_start_and_to_stop():
         probe["httpGet"]["path"] == "/health" and probe["periodSeconds"] * probe["failureThreshold"] == 1200
     )
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
-    # In-flight streams get the rollout's drain period before SIGTERM, and the grace period covers it.
-    assert c["lifecycle"]["preStop"] == {"sleep": {"seconds": 30}}
+    # In-flight streams get up to the rollout's drain period before SIGTERM: the leader's hook waits on its own
+    # engine's open requests, and the grace period covers the whole drain.
+    command = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["python3", "-c"]
+    assert command[3:] == [
+        "http://127.0.0.1:8000/metrics",
+        "30",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+    ]
     assert pod["spec"]["terminationGracePeriodSeconds"] > 30
 
 
 def test_workers_serve_no_api_so_they_carry_no_http_probes():
     worker = container(spec(tensor=16), 1)
     assert "startupProbe" not in worker and "readinessProbe" not in worker
+    # A worker cannot see the group's requests, so it outlasts any stream its leader may still serve.
     assert worker["lifecycle"]["preStop"] == {"sleep": {"seconds": 30}}
 
 
