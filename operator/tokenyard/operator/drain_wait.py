@@ -15,6 +15,11 @@ not yet seen the pod leave may still send it a request), then returns once two r
 to zero. It waits out the whole drain, as the fixed sleep did, whenever it cannot tell: the URL does not answer,
 or none of the gauges is in the answer. It returns at once only when nothing listens on the port (the engine has
 already exited: there is nothing left to drain). It never fails: a failing preStop hook only delays SIGTERM.
+
+vLLM's gauges do reach zero when the last request ends normally: the v1 scheduler drops the requests that
+stopped from its running queue before it makes the step's stats, and sends those stats even when the step has
+no other output (vllm/v1/core/sched/scheduler.py, ``update_from_output``). They can stay up after requests are
+aborted with no step to follow (vllm-project/vllm#22545), which here only means waiting out the drain.
 """
 
 from __future__ import annotations
