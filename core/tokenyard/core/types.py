@@ -489,7 +489,12 @@ class Rollout(ApiModel):
     analysis: Analysis = Field(default_factory=Analysis, description="How the new revision is judged.")
     auto_rollback: bool = Field(default=True, description="Roll back by itself when the analysis fails.")
     drain_seconds: int = Field(
-        default=30, ge=0, description="How long streams in flight may finish on a revision being removed."
+        default=30,
+        ge=0,
+        description=(
+            "Seconds that streams in flight may take to finish on a group being removed (scale-down, an old "
+            "revision); an engine's pods leave sooner once it has no request left."
+        ),
     )
 
 
