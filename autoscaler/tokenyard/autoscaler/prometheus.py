@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from string import Template
 
 from tokenyard.autoscaler.policy import SignalKind
-from tokenyard.core.metrics import VLLM_KV_SIZE_LABEL, vllm_kv_capacity_tokens
+from tokenyard.core.metrics import (
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    VLLM_KV_SIZE_LABEL,
+    vllm_kv_capacity_tokens,
+)
 from tokenyard.core.prometheus import PrometheusClient, Reading, VectorReading, parse_query_response
 
 __all__ = [
@@ -80,8 +85,8 @@ def _rates(vllm: str, sglang: str, window: str = "5m") -> str:
     return f"rate({vllm}{{$selector}}[{window}]) or rate({sglang}{{$selector}}[{window}])"
 
 
-_WAITING = f"sum({_both('vllm:num_requests_waiting', 'sglang:num_queue_reqs')})"
-_RUNNING = f"sum({_both('vllm:num_requests_running', 'sglang:num_running_reqs')})"
+_WAITING = f"sum({_both(*REQUESTS_WAITING)})"
+_RUNNING = f"sum({_both(*REQUESTS_RUNNING)})"
 # Neither engine has a gauge of queued prompt tokens, so the default estimates it as the waiting requests times
 # the mean prompt length of the requests that finished over the last 5 minutes: vLLM's request histograms,
 # SGLang's per-finished-request counters (prompt/generation tokens and requests, all incremented together when a

@@ -16,6 +16,13 @@ def bucket_at_or_below(seconds: float) -> float:
     return float(below[-1] if below else LATENCY_BUCKETS_S[0])
 
 
+# --- an engine's open requests ------------------------------------------------------------------------------
+# The gauges of requests waiting for and in an engine's batch, as (vLLM's name, SGLang's name): the router's
+# load signals, the autoscaler's default queries and the operator's drain hook read the same ones.
+REQUESTS_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+REQUESTS_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
+
+
 # --- vLLM's KV cache size -----------------------------------------------------------------------------------
 # vLLM states its KV cache's size only as label strings of the info gauge `vllm:cache_config_info` (value 1; the
 # labels are CacheConfig's fields plus `engine`). Two shapes are in the field:

@@ -71,11 +71,9 @@ def read(url: str) -> tuple[bool, str | None]:
     try:
         with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as answer:
             return True, answer.read().decode("utf-8", "replace")
-    except urllib.error.URLError as e:
+    except urllib.error.URLError as e:  # a failed connection (urllib wraps the socket's error)
         return not isinstance(e.reason, ConnectionRefusedError), None
-    except ConnectionRefusedError:
-        return False, None
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # the answer broke off, or was not HTTP
         return True, None
 
 

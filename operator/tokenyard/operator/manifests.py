@@ -16,6 +16,7 @@ from typing import Any
 
 from tokenyard.core import labels
 from tokenyard.core.engines import EngineKind
+from tokenyard.core.metrics import REQUESTS_RUNNING, REQUESTS_WAITING
 from tokenyard.core.types import ModelDeploymentSpec
 from tokenyard.operator.engine_command import GroupRank, render_launch
 
@@ -27,8 +28,8 @@ ENGINE_SHUTDOWN_SECONDS = 30
 # The gauges whose sum is an engine's open requests (running and waiting), which the leader's preStop hook
 # (drain_wait) reads from the engine's own /metrics to end the drain when they are all done.
 OPEN_REQUEST_GAUGES = {
-    EngineKind.VLLM: ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-    EngineKind.SGLANG: ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    kind: (REQUESTS_RUNNING[i], REQUESTS_WAITING[i])
+    for i, kind in enumerate((EngineKind.VLLM, EngineKind.SGLANG))
 }
 
 

@@ -49,7 +49,7 @@ import zlib
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from tokenyard.core.metrics import vllm_kv_capacity_tokens, whole_number
+from tokenyard.core.metrics import REQUESTS_RUNNING, REQUESTS_WAITING, vllm_kv_capacity_tokens, whole_number
 
 # A decompressed /metrics body larger than this is refused (a real engine's is well under 1 MiB).
 MAX_METRICS_BYTES = 32 * 1024 * 1024
@@ -93,8 +93,8 @@ class EngineStats:
 VLLM_CACHE_INFO = "vllm:cache_config_info"
 # signal -> names in order of preference (the first present wins; vLLM 0.9-0.11 export both usage names)
 _KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
-_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
+_WAITING = REQUESTS_WAITING
+_RUNNING = REQUESTS_RUNNING
 _PREFIX_HITS = ("vllm:prefix_cache_hits", "sglang:cached_tokens")
 _PREFIX_QUERIES = ("vllm:prefix_cache_queries", "sglang:prompt_tokens")
 _HIT_RATE = ("sglang:cache_hit_rate",)

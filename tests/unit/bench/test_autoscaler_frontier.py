@@ -32,3 +32,10 @@ def test_each_policy_is_probed_at_its_tuned_target_and_the_two_beside_it(monkeyp
     monkeypatch.setitem(af.TUNED_TARGET, "tokenyard", 1.4)
     assert af.targets_near("tokenyard") == (1.0, 1.4)  # 1.4 is the top of tokenyard's axis
     assert af.targets_near("hpa_rps") == (0.4, 0.6, 0.9)
+
+
+def test_a_drain_that_is_not_a_number_of_seconds_is_refused_naming_the_variable():
+    assert af.bench._drain_timeout_s("120") == 120.0
+    for raw in ("x", "-1", "nan"):
+        with pytest.raises(SystemExit, match="BENCH_DRAIN_S"):
+            af.bench._drain_timeout_s(raw)

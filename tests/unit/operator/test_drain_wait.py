@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import ast
 import socket
+from pathlib import Path
 
 import pytest
 from tokenyard.core.engines import EngineKind
 from tokenyard.operator import drain_wait
-from tokenyard.operator.manifests import pre_stop
+from tokenyard.operator.manifests import OPEN_REQUEST_GAUGES, pre_stop
 
 VLLM = {"vllm:num_requests_running", "vllm:num_requests_waiting"}
 
@@ -120,3 +121,23 @@ def test_a_port_nothing_listens_on_reads_as_gone():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     assert drain_wait.read(f"http://127.0.0.1:{port}/metrics") == (False, None)
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "metrics"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "kind"), [("vllm_v0.13.0.prom", EngineKind.VLLM), ("sglang.prom", EngineKind.SGLANG)]
+)
+def test_the_hook_reads_the_gauges_the_engines_document(fixture, kind):
+    """The expositions of tests/fixtures/metrics follow each engine's own sources and docs (their header says
+    which): the names the operator puts in the hook are there, busy reads as busy, and the same exposition with
+    those gauges at 0 reads as idle (the hook counts every copy: ranks, priorities and data-parallel engines)."""
+    names = set(OPEN_REQUEST_GAUGES[kind])
+    text = (FIXTURES / fixture).read_text(encoding="utf-8")
+    assert drain_wait.open_requests(text, names) > 0
+    idle = "\n".join(
+        line.rsplit(" ", 1)[0] + " 0.0" if line.split("{", 1)[0] in names else line
+        for line in text.splitlines()
+    )
+    assert drain_wait.open_requests(idle, names) == 0.0
