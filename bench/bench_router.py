@@ -266,13 +266,9 @@ async def send(
     window: TokenWindow | None = None,
 ) -> Result:
     base, index = dispatcher.acquire()
-    payload = {
-        "model": MODEL,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-        **body,
-    }
+    # A plain client: it does not ask for the stream's usage (stream_options.include_usage), as many load
+    # generators and the OpenAI SDKs' users do not; a router that learns from usage must ask for it itself.
+    payload = {"model": MODEL, "stream": True, "ignore_eos": True, **body}
     started = time.monotonic()
     ttft = None
     tokens = 0
@@ -286,19 +282,16 @@ async def send(
                 if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                     continue
                 if carries_token(line):  # not the empty role-only delta of a chat stream
+                    tokens += 1
                     if ttft is None:
                         ttft = time.monotonic() - started
                     if window is not None:
                         window.tick()
-                if keep_text or b'"usage":{' in line:
-                    event = json.loads(line[6:])
-                    if event.get("usage"):
-                        tokens = event["usage"].get("completion_tokens", tokens)
-                    if keep_text:
-                        for choice in event.get("choices") or ():
-                            text_parts.append(
-                                (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-                            )
+                if keep_text:
+                    for choice in json.loads(line[6:]).get("choices") or ():
+                        text_parts.append(
+                            (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                        )
         return Result(ttft, time.monotonic() - started, tokens, ttft is not None, "".join(text_parts))
     except (TimeoutError, aiohttp.ClientError):
         return Result(ttft, time.monotonic() - started, tokens, False)

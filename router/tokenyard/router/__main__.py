@@ -175,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="correct the prefix index from the cached prompt tokens engines report per request "
         "(usage.prompt_tokens_details.cached_tokens) (default: off)",
     )
+    route.add_argument(
+        "--stream-usage",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ask the engine for a stream's usage (stream_options.include_usage) when the client did not, and "
+        "drop that event from the client's stream: the router learns bytes per token and output lengths from "
+        "it (default: on; off for an engine that refuses the member)",
+    )
     route.add_argument("--hotspot-ratio", type=float, default=1.5)
     route.add_argument("--hotspot-slack-tokens", type=int, default=2048)
     route.add_argument("--hotspot-slack-requests", type=int, default=4)
@@ -278,6 +286,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         prefix_feedback=args.prefix_feedback,
         prefill_interference=args.prefill_interference,
         prefill_progress=args.prefill_progress,
+        stream_usage=args.stream_usage,
     )
     return ServerOptions(
         host=args.host,

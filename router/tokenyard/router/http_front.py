@@ -12,7 +12,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 from tokenyard.router.exchange import UPSTREAM_BROKEN, Exchange, StreamBroken
-from tokenyard.router.openai_wire import InvalidRequest, parse_request, upstream_headers
+from tokenyard.router.openai_wire import InvalidRequest, UsageEventFilter, parse_request, upstream_headers
 from tokenyard.router.proxy import Forwarder
 from tokenyard.router.state import RouterState, RoutingError
 
@@ -154,6 +154,7 @@ class HttpFront:
                 raw,
                 self.state.settings.default_max_tokens,
                 upstream_headers(request.headers),
+                ask_usage=self.state.settings.stream_usage,
             )
         except InvalidRequest as error:
             return error_response(400, str(error))
@@ -193,12 +194,22 @@ class HttpFront:
             },
         )
         await response.prepare(request)
+        # The usage event the router asked for on the client's behalf is not the client's to see
+        hidden_usage = UsageEventFilter() if exchange.request.hides_usage else None
+
+        async def relay(chunk: bytes) -> None:
+            if not chunk:
+                return
+            try:
+                await response.write(chunk)
+            except ConnectionResetError as error:
+                raise ClientGone(response) from error
+
         try:
             async for chunk, _ in exchange.stream():
-                try:
-                    await response.write(chunk)
-                except ConnectionResetError as error:
-                    raise ClientGone(response) from error
+                await relay(hidden_usage.feed(chunk) if hidden_usage is not None else chunk)
+            if hidden_usage is not None:
+                await relay(hidden_usage.flush())
         except StreamBroken as error:
             # The status line is sent, so the stream itself must say it broke: an error event (as vLLM sends
             # when generation fails mid-stream; OpenAI's clients raise on an event that carries "error") and no

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -45,6 +45,9 @@ class InferenceRequest:
     # upstream request is bounded by it, so an engine never generates for a client that gave up.
     deadline_s: float | None = None
     headers: Mapping[str, str] = field(default_factory=dict)  # forwarded upstream
+    # The router asked the engine for the stream's usage the client did not ask for (ask_stream_usage): the
+    # relay drops the usage event before the client sees it (UsageEventFilter).
+    hides_usage: bool = False
 
 
 def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -124,17 +127,111 @@ def request_from_body(
 
 
 def parse_request(
-    path: str, raw: bytes, default_max_tokens: int, headers: Mapping[str, str] | None = None
+    path: str,
+    raw: bytes,
+    default_max_tokens: int,
+    headers: Mapping[str, str] | None = None,
+    ask_usage: bool = False,
 ) -> InferenceRequest:
     """The ``InferenceRequest`` of an OpenAI request body as the HTTP front received it; raises
-    InvalidRequest."""
+    InvalidRequest. ``ask_usage``: a stream whose client did not ask for its usage asks for it anyway
+    (``ask_stream_usage``)."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise InvalidRequest(f"request body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    return request_from_body(path, body, raw, default_max_tokens, headers)
+    request = request_from_body(path, body, raw, default_max_tokens, headers)
+    if ask_usage and request.stream:
+        request = ask_stream_usage(request, body)
+    return request
+
+
+# --- a stream's usage, asked for on the client's behalf -----------------------------------------------------
+#
+# The router learns how many bytes of text make one of the engine's tokens, and how many tokens the engine
+# found cached, from ``usage`` (learned_sizes, RouterState.learn_cached_tokens). A whole answer always carries
+# it; a stream only when the request says ``"stream_options": {"include_usage": true}``. The OpenAI SDKs'
+# users and several load generators do not, and a router that learns nothing from them guesses 4 bytes a token
+# for ever (on bench-router's long_documents that guess lost two thirds of the closed-loop tokens/s). So the
+# router asks for it and removes the one event it adds before the client sees the stream. That event is the
+# one OpenAI's API reference documents for ``stream_options.include_usage`` ("an additional chunk will be
+# streamed before the data: [DONE] message ... the choices field will always be an empty array"), and the one
+# vLLM v0.13.0 (entrypoints/openai/serving_chat.py and serving_completion.py, ``if include_usage``: a last
+# chunk with ``choices=[]`` and ``usage``) and SGLang v0.5's OpenAI adapter send. ``--no-stream-usage`` turns
+# this off for an engine that refuses the member.
+
+_INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
+
+
+def ask_stream_usage(request: InferenceRequest, body: Mapping[str, Any]) -> InferenceRequest:
+    """``request`` (a stream, ``body`` its decoded JSON) with its usage asked of the engine when the client did
+    not ask for it, marked ``hides_usage``; unchanged when the client asked, or asked something of the usage
+    this would change (``continuous_usage_stats``, vLLM's usage on every chunk, needs ``include_usage``)."""
+    options = body.get("stream_options")
+    if "stream_options" in body and not isinstance(options, Mapping | None):
+        return request  # malformed: the engine says what is wrong with it
+    if isinstance(options, Mapping) and (
+        options.get("include_usage") or options.get("continuous_usage_stats")
+    ):
+        return request
+    start = request.body.find(b"{")
+    if "stream_options" not in body and start >= 0 and b"\x00" not in request.body[:4]:
+        # The client's bytes stay as they were: one member spliced in after the opening brace (the body has a
+        # 'model' member, so a comma always follows). Not for UTF-16/32 bodies, which JSON also allows.
+        raw = request.body[: start + 1] + _INCLUDE_USAGE + request.body[start + 1 :]
+    else:
+        raw = json.dumps({**body, "stream_options": {**(options or {}), "include_usage": True}}).encode()
+    return replace(request, body=raw, hides_usage=True)
+
+
+class UsageEventFilter:
+    """Removes the usage event the router asked for (``ask_stream_usage``) from the stream it relays, leaving
+    every other byte as the engine sent it. Lines are passed on whole: a line cut by the network waits for its
+    end (engines write one event per write, so this holds nothing back in practice)."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._dropping = False  # a usage event was dropped; the blank line that ends it goes too
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What to relay of ``chunk`` (b'' when it only began a line)."""
+        if self._pending:
+            chunk = self._pending + chunk
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            self._pending = chunk
+            return b""
+        self._pending = chunk[end + 1 :]
+        if b'"usage"' not in chunk and not self._dropping:
+            return chunk[: end + 1]
+        kept: list[bytes] = []
+        for line in chunk[:end].split(b"\n"):  # whole lines, without their ends
+            if self._dropping:
+                self._dropping = False
+                if not line.strip():
+                    continue
+            if line[:5] == b"data:" and b'"usage"' in line and _is_usage_only(line[5:].strip()):
+                self._dropping = True
+                continue
+            kept.append(line)
+        return b"".join(line + b"\n" for line in kept)
+
+    def flush(self) -> bytes:
+        """What is left when the stream ends (an unterminated last line, relayed as it came)."""
+        rest, self._pending = self._pending, b""
+        return rest
+
+
+def _is_usage_only(data: bytes) -> bool:
+    """Whether an event is a usage report and nothing else: no choice in it (the last chunk of a stream asked
+    for its usage)."""
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(payload, Mapping) and bool(payload.get("usage")) and not payload.get("choices")
 
 
 # --- the engine's answer ----------------------------------------------------------------------------------

@@ -111,6 +111,8 @@ class RouterSettings:
     prefill_progress: bool = False
     # Correct the prefix index from the cached tokens engines report per request (learn_cached_tokens).
     prefix_feedback: bool = False
+    # Ask the engine for a stream's usage when its client did not (openai_wire.ask_stream_usage), and hide it.
+    stream_usage: bool = True
 
 
 @dataclass

@@ -10,6 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenyard.router.discovery import Shadow
+from tokenyard.router.openai_wire import carries_token, render_chat
 from tokenyard.router.plugins.not_saturated import SaturationLimits
 from tokenyard.router.state import RouterSettings
 from tokenyard.v1 import router_pb2, router_pb2_grpc
@@ -67,6 +68,37 @@ async def test_streams_chunk_by_chunk_and_reuses_the_cached_replica(engines, rou
     text = await metrics_text(http, server)
     assert parse_metric(text, "tokenyard_router_requests_total", model=MODEL, code="200") == 2
     assert parse_metric(text, "tokenyard_router_time_to_first_token_seconds_count", model=MODEL) == 2
+
+
+async def stream_events(http, server, path: str, body: dict) -> list[bytes]:
+    """The data of each event the client got, in order."""
+    async with http.post(url(server, path), json={"model": MODEL, "stream": True, **body}) as response:
+        assert response.status == 200
+        payload = await response.read()
+    return [line[6:] for line in payload.split(b"\n") if line.startswith(b"data: ")]
+
+
+@pytest.mark.parametrize("ask_usage", [True, False])
+async def test_a_stream_teaches_the_router_its_token_sizes_whether_or_not_the_client_asks_usage(
+    engines, router, http, ask_usage
+):
+    fleet = await engines(1)
+    server = await router(backends_of(fleet), settings=RouterSettings(stream_usage=ask_usage))
+    chat = {"messages": [{"role": "user", "content": SYSTEM_PROMPT}], "max_tokens": 5}
+    events = await stream_events(http, server, "/v1/chat/completions", chat)
+    # the client asked for no usage and sees none, whatever the router asked of the engine
+    assert events[-1] == b"[DONE]" and not any(b'"usage"' in event for event in events)
+    assert sum(carries_token(event) for event in events) == 5
+    learned = server.state.ratio_for(MODEL)
+    assert learned.observations == (1 if ask_usage else 0)
+    assert learned.observed_bytes == (len(render_chat(chat["messages"]).encode()) if ask_usage else 0)
+
+    # a client that asks for its usage gets it, as the engine sent it
+    completion = {"prompt": SYSTEM_PROMPT, "max_tokens": 3, "stream_options": {"include_usage": True}}
+    events = await stream_events(http, server, "/v1/completions", completion)
+    usage = json.loads(events[-2])
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 3
+    assert server.state.ratio_for(MODEL).observations == (2 if ask_usage else 1)
 
 
 async def test_bad_input_gets_clear_4xx_errors(engines, router, http):

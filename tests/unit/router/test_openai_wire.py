@@ -10,6 +10,7 @@ from tokenyard.router.openai_wire import (
     InvalidRequest,
     StreamDecodeError,
     StreamDecoder,
+    UsageEventFilter,
     carries_token,
     decode_body,
     parse_request,
@@ -107,3 +108,78 @@ def test_first_token_detection_skips_empty_role_chunks():
     assert carries_token(b'data: {"choices":[{"delta":{"content":" hi"}}]}\n\n')
     assert carries_token(b'data: {"choices": [{"text": "x", "index": 0}]}\n\n')
     assert not carries_token(b'data: {"choices":[{"text":"","finish_reason":"length"}]}\n\n')
+
+
+# --- a stream's usage, asked for on the client's behalf ----------------------------------------------------
+
+
+def stream_request(body: dict, raw: bytes | None = None):
+    return parse_request(COMPLETIONS_PATH, raw or json.dumps(body).encode(), 256, ask_usage=True)
+
+
+def test_a_stream_whose_client_did_not_ask_for_usage_asks_for_it_and_keeps_the_clients_bytes():
+    raw = b'  {"model": "m", "prompt": "caf\xc3\xa9", "stream": true}'
+    request = stream_request({}, raw)
+    assert request.hides_usage
+    assert json.loads(request.body) == {
+        "model": "m",
+        "prompt": "caf\u00e9",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    assert request.body.replace(b'"stream_options":{"include_usage":true},', b"") == raw
+
+    # other stream options are kept; a null member is replaced
+    kept = stream_request({"model": "m", "prompt": "x", "stream": True, "stream_options": {"other": 1}})
+    assert json.loads(kept.body)["stream_options"] == {"other": 1, "include_usage": True} and kept.hides_usage
+    null = stream_request({"model": "m", "prompt": "x", "stream": True, "stream_options": None})
+    assert json.loads(null.body)["stream_options"] == {"include_usage": True} and null.hides_usage
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "prompt": "x", "stream": True, "stream_options": {"include_usage": True}},
+        # vLLM's usage on every chunk needs include_usage: adding it would show the client what it did not ask
+        {"model": "m", "prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+        {
+            "model": "m",
+            "prompt": "x",
+            "stream": True,
+            "stream_options": "yes",
+        },  # the engine refuses it itself
+        {"model": "m", "prompt": "x"},  # a whole answer always carries its usage
+    ],
+)
+def test_a_request_that_asked_for_usage_or_streams_nothing_is_forwarded_as_it_came(body):
+    raw = json.dumps(body).encode()
+    request = stream_request(body, raw)
+    assert request.body == raw and not request.hides_usage
+    assert parse_request(COMPLETIONS_PATH, raw, 256).body == raw  # and nothing is asked unless the front asks
+
+
+USAGE_EVENT = {"id": "c1", "object": "text_completion", "choices": [], "usage": {"prompt_tokens": 9}}
+
+
+@given(st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=8), st.data())
+def test_the_usage_event_is_dropped_and_every_other_byte_kept_however_the_stream_is_split(pieces, data):
+    events = [{"choices": [{"index": 0, "text": piece, "finish_reason": None}]} for piece in pieces]
+    # usage that rides on a chunk with choices is not the router's to drop
+    events.append({"choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": None})
+    without = sse(events)
+    with_usage = without.replace(
+        b"data: [DONE]", b"data: " + json.dumps(USAGE_EVENT).encode() + b"\n\ndata: [DONE]"
+    )
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(with_usage)), max_size=6)))
+    relay = UsageEventFilter()
+    relayed = b"".join(
+        relay.feed(with_usage[start:end])
+        for start, end in zip([0, *cuts], [*cuts, len(with_usage)], strict=True)
+    )
+    assert relayed + relay.flush() == without
+
+
+def test_an_unterminated_last_line_is_relayed_at_the_end():
+    relay = UsageEventFilter()
+    assert relay.feed(b"data: [DO") == b""
+    assert relay.flush() == b"data: [DO"
