@@ -10,8 +10,9 @@ for 99%, 99.5% and 99.9% of first tokens within the SLO (linear between frontier
 PromQL feed for tokenyard, same cluster as the bench; only the grid is finer.
 
 Run: ``.venv/bin/python bench/autoscaler_frontier.py`` (``FRONTIER_POLICIES=tokenyard,hpa_rps`` by default; also
-``tokenyard_oracle``, ``knative_concurrency``, ``keda_queue``; ``FRONTIER_WORKERS`` processes, default 2). About
-16 s a point on one core here: 33 points a policy.
+``tokenyard_oracle``, ``tokenyard_floor`` (tokenyard with no spare and its ``minReplicas`` on the reserve axis,
+the peers' way of holding a reserve), ``knative_concurrency``, ``keda_queue``; ``FRONTIER_WORKERS`` processes,
+default 2). About 16 s a point on one core here: 33 points a policy.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ LEVELS = (0.99, 0.995, 0.999)
 TUNED_TARGET = {
     "tokenyard": 1.0,
     "tokenyard_oracle": 1.0,
+    # not a bench row: the floor probe's best target (tuning trace, 2026-12-06: 0.35 and 0.5 against 0.7 and 1.0)
+    "tokenyard_floor": 0.5,
     "hpa_rps": 0.6,
     "knative_concurrency": 0.6,
     "keda_queue": 0.05,
@@ -68,16 +71,19 @@ def targets_near(policy: str) -> tuple[float, ...]:
     return axis[max(0, i - 1) : i + 2]
 
 
-def run_point(policy: str, target: float, reserve: int) -> tuple[str, float, int, dict]:
+def make_policy(policy: str, target: float, reserve: int) -> bench.Autoscaler:
+    reserve = max(bench.MIN_GROUPS, reserve)
+    if policy == "tokenyard_floor":
+        knob = f"token load target={target:g} x KV, minReplicas {reserve}"
+        return bench.TokenyardPolicy(bench.tokenyard_spec(target, 0, min_groups=reserve), knob)
     grid = bench.candidates()["tokenyard" if policy.startswith("tokenyard") else policy]
     options = {"feed": "oracle"} if policy == "tokenyard_oracle" else {}
+    return grid.make(target, reserve, **options)
+
+
+def run_point(policy: str, target: float, reserve: int) -> tuple[str, float, int, dict]:
     trace = bench.make_trace(11, 9.0 * bench.per_group_rps())  # the bench's tuning trace
-    return (
-        policy,
-        target,
-        reserve,
-        bench.run(grid.make(target, max(bench.MIN_GROUPS, reserve), **options), trace),
-    )
+    return policy, target, reserve, bench.run(make_policy(policy, target, reserve), trace)
 
 
 def main() -> None:

@@ -530,13 +530,15 @@ class Autoscaler:
         raise NotImplementedError
 
 
-def tokenyard_spec(token_load_fraction: float, spare_groups: int = 0) -> InferenceAutoscalerSpec:
+def tokenyard_spec(
+    token_load_fraction: float, spare_groups: int = 0, min_groups: int = MIN_GROUPS
+) -> InferenceAutoscalerSpec:
     """The InferenceAutoscaler a user would write for this fleet, with the token-load target and the burst
-    reserve (``spareGroups``) as its two knobs."""
+    reserve (``spareGroups``) as its two knobs (``min_groups``: a floor instead, as the peers hold one)."""
     return InferenceAutoscalerSpec.parse(
         {
             "scaleTargetRef": {"name": TARGET},
-            "minReplicas": MIN_GROUPS,
+            "minReplicas": min_groups,
             "maxReplicas": MAX_GROUPS,
             "coldStartSeconds": int(COLD_START_S),
             "signals": [

@@ -39,3 +39,11 @@ def test_a_drain_that_is_not_a_number_of_seconds_is_refused_naming_the_variable(
     for raw in ("x", "-1", "nan"):
         with pytest.raises(SystemExit, match="BENCH_DRAIN_S"):
             af.bench._drain_timeout_s(raw)
+
+
+def test_the_floor_probe_puts_tokenyards_minreplicas_on_the_reserve_axis_with_no_spare():
+    floor = af.make_policy("tokenyard_floor", 0.5, 14)
+    assert (floor.policy.config.min_groups, floor.policy.config.spare_groups) == (14, 0)
+    spare = af.make_policy("tokenyard", 0.5, 14)
+    assert (spare.policy.config.min_groups, spare.policy.config.spare_groups) == (af.bench.MIN_GROUPS, 14)
+    assert af.targets_near("tokenyard_floor") == (0.35, 0.5, 0.7)
