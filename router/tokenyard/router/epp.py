@@ -6,7 +6,8 @@ One ``Process`` stream is one HTTP request (the messages are in ``epp_protocol``
 request headers and body; at the body's end the request is parsed as the HTTP front parses it
 (``openai_wire``) and routed by the same call (``Forwarder.route``: the filters, scorers and picker, the
 canary split, a ticket in the ledger); the answer names the replica and, as fallbacks, the next best ones the
-same filters kept. The response then passes through the picker: its status clears or counts the replica's
+same filters kept, and the body goes back to the gateway as the HTTP front would forward it (a stream asks
+for its usage; the picker drops that event from the response). The response then passes through the picker: its status clears or counts the replica's
 failures, its event stream releases decode tokens as it comes, and its end, or the gateway closing the
 stream, or an error, releases whatever the ticket still holds (``GatewayExchange``, the same accounting as
 the HTTP front's ``Exchange``). The gateway must run its ext_proc filter with request and response bodies
@@ -33,6 +34,7 @@ from tokenyard.router.openai_wire import (
     InferenceRequest,
     InvalidRequest,
     StreamDecodeError,
+    UsageEventFilter,
     parse_request,
 )
 from tokenyard.router.proxy import Forwarder
@@ -152,6 +154,9 @@ class PickerStream:
         self.picked = False  # the request phase is answered
         self.done = False  # the response has ended, or an immediate response was sent
         self.response_status = 0
+        # The stream's usage event, asked for on the client's behalf (openai_wire.ask_stream_usage), is
+        # dropped from the response on its way back to the gateway, as the HTTP front drops it.
+        self.hidden_usage: UsageEventFilter | None = None
 
     def handle(self, message: ext_proc.ProcessingRequest) -> list[ext_proc.ProcessingResponse]:
         kind = message.WhichOneof("request")
@@ -216,9 +221,14 @@ class PickerStream:
         path = self.headers.get(":path", "").split("?", 1)[0]
         body = bytes(self.body)
         if path in INFERENCE_PATHS:
+            settings = self.forwarder.state.settings
             try:
                 request = parse_request(
-                    path, body, self.forwarder.state.settings.default_max_tokens, self._upstream_headers()
+                    path,
+                    body,
+                    settings.default_max_tokens,
+                    self._upstream_headers(),
+                    ask_usage=settings.stream_usage,
                 )
             except InvalidRequest as error:
                 return self._refuse(400, str(error))
@@ -230,6 +240,7 @@ class PickerStream:
                 return self._refuse(error.status, error.message, retry)
             self.exchange = exchange
             endpoints = exchange.addresses
+            body = request.body  # as the HTTP front forwards it (a stream's usage asked for)
         else:
             # Not an inference request (a model list, a health check): any ready replica, nothing to account.
             endpoint = self.picker.any_ready(self.subset)
@@ -240,7 +251,7 @@ class PickerStream:
             endpoints = [wire.endpoint_address(endpoint.url)]
         self.picked = True
         responses = [wire.destination_response(endpoints, len(body))]
-        if self.has_body:  # full duplex: the body goes back through the picker, whole and unchanged
+        if self.has_body:  # full duplex: the body goes back through the picker, whole
             responses += wire.body_responses(body, body_ends, "request_body")
         self.body = bytearray()
         return responses
@@ -266,6 +277,8 @@ class PickerStream:
             served = wire.served_endpoint(message.metadata_context)
             exchange.served_by(served)
             exchange.answered(self.response_status, headers.get("content-type", ""))
+            if exchange.request.hides_usage and exchange.streams:
+                self.hidden_usage = UsageEventFilter()
             assert exchange.route is not None
             extra = {
                 "x-tokenyard-replica": exchange.route.endpoint.name,
@@ -282,7 +295,13 @@ class PickerStream:
             exchange.response_chunk(message.body)
         if message.end_of_stream:
             self._end_response()
-        return wire.body_responses(message.body, message.end_of_stream, "response_body")
+        body = message.body
+        if self.hidden_usage is not None:
+            # Engines end every event with a blank line, so nothing is held when trailers end the body
+            body = self.hidden_usage.feed(body) + (
+                self.hidden_usage.flush() if message.end_of_stream else b""
+            )
+        return wire.body_responses(body, message.end_of_stream, "response_body")
 
     def _end_response(self) -> None:
         self.done = True

@@ -19,6 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenyard.devcluster.gateway_standin import ensure_gateway_standin
 from tokenyard.router.epp_protocol import SERVICE_NAME, endpoint_address
+from tokenyard.router.openai_wire import carries_token
 from tokenyard.router.server import RouterServer
 
 from .conftest import MODEL, backends_of, wait_for
@@ -159,6 +160,30 @@ async def test_requests_through_the_standin_are_served_and_accounted(engines, ro
         assert [m["id"] for m in (await response.json())["data"]] == [MODEL]
     await wait_for(lambda: idle(server), what="the picker to release every request")
     assert server.state.ledger.snapshot() == {}
+
+
+async def test_a_stream_through_the_gateway_teaches_the_router_without_showing_the_client_usage(
+    engines, router, gateway, http
+):
+    fleet = await engines(1)
+    server = await router(backends_of(fleet), epp_port=0)
+    standin = await gateway(server)
+    status, _, text = await complete(http, standin.url, document(1), max_tokens=5)
+    assert status == 200, text
+    # the picker asked the engine for the usage (its Content-Length set to the longer body) and dropped it
+    assert text.rstrip().endswith("data: [DONE]") and '"usage"' not in text
+    assert sum(carries_token(line.encode()) for line in text.splitlines()) == 5
+    await wait_for(lambda: idle(server), what="the picker to release the request")
+    learned = server.state.ratio_for(MODEL)
+    assert (learned.observations, learned.observed_bytes) == (1, len(document(1).encode()))
+
+    body = {"model": MODEL, "prompt": document(2), "max_tokens": 3, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    async with http.post(standin.url + "/v1/completions", json=body) as response:
+        assert response.status == 200
+        text = await response.text()
+    assert '"completion_tokens":3' in text.replace(" ", "")  # asked for by the client: relayed
+    await wait_for(lambda: server.state.ratio_for(MODEL).observations == 2, what="the second usage")
 
 
 async def test_the_standin_and_the_http_front_pick_alike(engines, router, gateway, http):
