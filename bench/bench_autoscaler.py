@@ -756,7 +756,22 @@ class KnativePolicy(Autoscaler):
 
 
 # ---------------------------------------------------------------------------------------------- one run
-def run(policy: Autoscaler, trace: Trace) -> dict:
+@dataclass(frozen=True)
+class TimelineSample:
+    """The fleet at one decision: groups asked for and serving, what the policy decided, and the scored
+    requests so far (arrived, and with their first token in the SLO; a cut-off is taken back from the latter)."""
+
+    t: float
+    active: int
+    ready: int
+    desired: int
+    requests: float
+    met_slo: float
+
+
+def run(policy: Autoscaler, trace: Trace, timeline: list[TimelineSample] | None = None) -> dict:
+    """One policy over one trace: the summary the tables print. ``timeline``: a list that gets one
+    ``TimelineSample`` per decision (bench/autoscaler_timeline.py reads it)."""
     rng = random.Random(trace.seed * 7919 + 1)
     fleet = Fleet(initial_groups=2, scored_from=WARMUP_S)
     scrapes = ScrapedFleet() if policy.reads_prometheus else None
@@ -778,6 +793,11 @@ def run(policy: Autoscaler, trace: Trace) -> dict:
             active = fleet.active()
             ready = len(fleet.ready(now))
             desired = policy.decide(now, len(active), ready, len(active) - ready)
+            if timeline is not None:
+                scored = fleet.stats
+                timeline.append(
+                    TimelineSample(now, len(active), ready, desired, scored.requests, scored.met_slo)
+                )
             if desired != len(active):
                 stats.scale_actions += 1
                 fleet.scale_to(desired, now)
