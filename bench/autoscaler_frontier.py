@@ -11,8 +11,10 @@ PromQL feed for tokenyard, same cluster as the bench; only the grid is finer.
 
 Run: ``.venv/bin/python bench/autoscaler_frontier.py`` (``FRONTIER_POLICIES=tokenyard,hpa_rps`` by default; also
 ``tokenyard_oracle``, ``tokenyard_floor`` (tokenyard with no spare and its ``minReplicas`` on the reserve axis,
-the peers' way of holding a reserve), ``knative_concurrency``, ``keda_queue``; ``FRONTIER_WORKERS`` processes,
-default 2). About 16 s a point on one core here: 33 points a policy.
+the peers' way of holding a reserve), ``tokenyard_rate`` (the same floor, the token load held at a full cache
+and a first-token-rate signal whose target, a share of a group's request rate, is the target axis: HPA's signal
+beside tokenyard's), ``knative_concurrency``, ``keda_queue``; ``FRONTIER_WORKERS`` processes, default 2). About
+16 s a point on one core here: 33 points a policy.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ TUNED_TARGET = {
     "tokenyard_oracle": 1.0,
     # not a bench row: the floor probe's best target (tuning trace, 2026-12-06: 0.35 and 0.5 against 0.7 and 1.0)
     "tokenyard_floor": 0.5,
+    # not a bench row either: a request-rate target, on HPA's axis and at HPA's tuned point
+    "tokenyard_rate": 0.6,
     "hpa_rps": 0.6,
     "knative_concurrency": 0.6,
     "keda_queue": 0.05,
@@ -66,7 +70,10 @@ def cost_at(front: Sequence[tuple[float, float]], level: float) -> float | None:
 
 
 def targets_near(policy: str) -> tuple[float, ...]:
-    axis = bench.TARGETS["tokenyard" if policy.startswith("tokenyard") else policy]
+    if policy == "tokenyard_rate":
+        axis = bench.TARGETS["hpa_rps"]
+    else:
+        axis = bench.TARGETS["tokenyard" if policy.startswith("tokenyard") else policy]
     i = axis.index(TUNED_TARGET[policy])
     return axis[max(0, i - 1) : i + 2]
 
@@ -76,6 +83,10 @@ def make_policy(policy: str, target: float, reserve: int) -> bench.Autoscaler:
     if policy == "tokenyard_floor":
         knob = f"token load target={target:g} x KV, minReplicas {reserve}"
         return bench.TokenyardPolicy(bench.tokenyard_spec(target, 0, min_groups=reserve), knob)
+    if policy == "tokenyard_rate":
+        knob = f"token load target=1 x KV, first tokens/s target={target:g} x a group's rate, minReplicas {reserve}"
+        spec = bench.tokenyard_spec(1.0, 0, min_groups=reserve, request_rate_fraction=target)
+        return bench.TokenyardPolicy(spec, knob)
     grid = bench.candidates()["tokenyard" if policy.startswith("tokenyard") else policy]
     options = {"feed": "oracle"} if policy == "tokenyard_oracle" else {}
     return grid.make(target, reserve, **options)

@@ -530,11 +530,33 @@ class Autoscaler:
         raise NotImplementedError
 
 
+# First tokens per second across the target's engines: the request rate the engines serve, read from the TTFT
+# histogram's count both engines export. A PromQL signal a user can add beside the token load (the compute a
+# group's first tokens need, where the token load measures its cache).
+FIRST_TOKEN_RATE_QUERY = (
+    "sum(rate(vllm:time_to_first_token_seconds_count{$selector}[1m])"
+    " or rate(sglang:time_to_first_token_seconds_count{$selector}[1m]))"
+)
+
+
 def tokenyard_spec(
-    token_load_fraction: float, spare_groups: int = 0, min_groups: int = MIN_GROUPS
+    token_load_fraction: float,
+    spare_groups: int = 0,
+    min_groups: int = MIN_GROUPS,
+    request_rate_fraction: float | None = None,
 ) -> InferenceAutoscalerSpec:
     """The InferenceAutoscaler a user would write for this fleet, with the token-load target and the burst
-    reserve (``spareGroups``) as its two knobs (``min_groups``: a floor instead, as the peers hold one)."""
+    reserve (``spareGroups``) as its two knobs (``min_groups``: a floor instead, as the peers hold one;
+    ``request_rate_fraction``: a first-token-rate signal too, its target that share of a group's request rate)."""
+    extra_signals = []
+    if request_rate_fraction is not None:
+        extra_signals.append(
+            {
+                "kind": "PromQL",
+                "query": FIRST_TOKEN_RATE_QUERY,
+                "target": request_rate_fraction * per_group_rps(),
+            }
+        )
     return InferenceAutoscalerSpec.parse(
         {
             "scaleTargetRef": {"name": TARGET},
@@ -548,6 +570,7 @@ def tokenyard_spec(
                 # KV occupancy as a guard: the cache must not fill (preemption and recomputation follow).
                 {"kind": "KVCacheUsage", "target": 0.9},
                 {"kind": "TTFTP95", "target": TTFT_SLO_S},
+                *extra_signals,
             ],
             # Release up to two groups a minute after the default stabilisation window (chosen on the tuning
             # trace; the CRD's default is one per two minutes).

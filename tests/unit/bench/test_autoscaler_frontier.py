@@ -47,3 +47,12 @@ def test_the_floor_probe_puts_tokenyards_minreplicas_on_the_reserve_axis_with_no
     spare = af.make_policy("tokenyard", 0.5, 14)
     assert (spare.policy.config.min_groups, spare.policy.config.spare_groups) == (af.bench.MIN_GROUPS, 14)
     assert af.targets_near("tokenyard_floor") == (0.35, 0.5, 0.7)
+
+
+def test_the_rate_probe_adds_a_first_token_rate_signal_on_hpas_axis_beside_a_full_cache_token_load():
+    probe = af.make_policy("tokenyard_rate", 0.6, 15)
+    signals = {signal.kind.value: signal.target for signal in probe.policy.config.signals}
+    assert signals["PromQL"] == pytest.approx(0.6 * af.bench.per_group_rps())
+    assert signals["TokenLoad"] == pytest.approx(af.bench.KV_CAPACITY_TOKENS)
+    assert (probe.policy.config.min_groups, probe.policy.config.spare_groups) == (15, 0)
+    assert af.targets_near("tokenyard_rate") == (0.4, 0.6, 0.9)
