@@ -11,7 +11,7 @@ policies print side by side, so that a reader can see which minutes make the dif
 Run: ``.venv/bin/python bench/autoscaler_timeline.py POLICY TARGET RESERVE [POLICY TARGET RESERVE]``, with the
 policy names of `autoscaler_frontier.py` (tokenyard, tokenyard_floor, tokenyard_oracle, hpa_rps,
 knative_concurrency, keda_queue). The README's account of HPA's lead at 99.9%:
-``.venv/bin/python bench/autoscaler_timeline.py hpa_rps 0.6 14 tokenyard_floor 0.5 14`` (about 40 s).
+``.venv/bin/python bench/autoscaler_timeline.py hpa_rps 0.6 14 tokenyard_floor 0.5 14`` (about 20 s).
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@ request headers and body; at the body's end the request is parsed as the HTTP fr
 (``openai_wire``) and routed by the same call (``Forwarder.route``: the filters, scorers and picker, the
 canary split, a ticket in the ledger); the answer names the replica and, as fallbacks, the next best ones the
 same filters kept, and the body goes back to the gateway as the HTTP front would forward it (a stream asks
-for its usage; the picker drops that event from the response). The response then passes through the picker: its status clears or counts the replica's
-failures, its event stream releases decode tokens as it comes, and its end, or the gateway closing the
-stream, or an error, releases whatever the ticket still holds (``GatewayExchange``, the same accounting as
-the HTTP front's ``Exchange``). The gateway must run its ext_proc filter with request and response bodies
-``FULL_DUPLEX_STREAMED`` and trailers ``SEND``.
+for its usage; the picker drops that event from the response). The response then passes through the picker:
+its status clears or counts the replica's failures, its event stream releases decode tokens as it comes, and
+its end, or the gateway closing the stream, or an error, releases whatever the ticket still holds
+(``GatewayExchange``, the same accounting as the HTTP front's ``Exchange``). The gateway must run its ext_proc
+filter with request and response bodies ``FULL_DUPLEX_STREAMED`` and trailers ``SEND``.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from tokenyard.router.openai_wire import (
+    USAGE_MARK,
     InferenceRequest,
     OutputText,
     ResponseEvent,
@@ -192,7 +193,7 @@ class RoutedRequest:
         Found by a byte search first: usage comes once, in the last event of a stream, and decoding every
         event to look for it would cost the relay."""
         for event in events:
-            if b'"prompt_tokens"' not in event.data:
+            if USAGE_MARK not in event.data:
                 continue
             try:
                 usage = event.usage

@@ -163,6 +163,10 @@ def parse_request(
 # this off for an engine that refuses the member.
 
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
+# What a usage report carries and no other event does, found without decoding JSON. Not ``"usage"``: OpenAI's
+# reference says that with include_usage "all other chunks will also include a usage field, but with a null
+# value", so every token's chunk has that key, and a search for it would decode every chunk.
+USAGE_MARK = b'"prompt_tokens"'
 
 
 def ask_stream_usage(request: InferenceRequest, body: Mapping[str, Any]) -> InferenceRequest:
@@ -204,7 +208,7 @@ class UsageEventFilter:
             self._pending = chunk
             return b""
         self._pending = chunk[end + 1 :]
-        if b'"usage"' not in chunk and not self._dropping:
+        if USAGE_MARK not in chunk and not self._dropping:
             return chunk[: end + 1]
         kept: list[bytes] = []
         for line in chunk[:end].split(b"\n"):  # whole lines, without their ends
@@ -212,7 +216,7 @@ class UsageEventFilter:
                 self._dropping = False
                 if not line.strip():
                     continue
-            if line[:5] == b"data:" and b'"usage"' in line and _is_usage_only(line[5:].strip()):
+            if line[:5] == b"data:" and USAGE_MARK in line and _is_usage_only(line[5:].strip()):
                 self._dropping = True
                 continue
             kept.append(line)

@@ -183,3 +183,38 @@ def test_an_unterminated_last_line_is_relayed_at_the_end():
     relay = UsageEventFilter()
     assert relay.feed(b"data: [DO") == b""
     assert relay.flush() == b"data: [DO"
+
+
+# The two shapes engines stream once include_usage is asked. OpenAI's API reference (stream_options): every chunk
+# carries "usage": null and one more chunk, before [DONE], has "choices": [] and the usage. vLLM v0.13.0
+# (serving_chat.py, model_dump_json(exclude_unset=True)) leaves the key out of the token chunks.
+OPENAI_STYLE = (
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"Hi"},'
+    b'"finish_reason":null}],"usage":null}\n\n'
+    b'data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},'
+    b'"finish_reason":"stop"}],"usage":null}\n\n'
+)
+VLLM_STYLE = (
+    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+    b'"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}\n\n'
+    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+    b'"delta":{"content":""},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}\n\n'
+)
+USAGE_CHUNK = (
+    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+    b'"usage":{"prompt_tokens":12,"total_tokens":14,"completion_tokens":2}}\n\n'
+)
+
+
+@pytest.mark.parametrize("tokens", [OPENAI_STYLE, VLLM_STYLE], ids=["openai-sglang", "vllm"])
+def test_engine_streams_lose_only_the_usage_chunk_and_only_it_is_decoded(tokens, monkeypatch):
+    import tokenyard.router.openai_wire as wire
+
+    decoded: list[bytes] = []
+    real = wire._is_usage_only
+    monkeypatch.setattr(wire, "_is_usage_only", lambda data: decoded.append(data) or real(data))
+    relay = UsageEventFilter()
+    # one event per read, as engines write them
+    out = b"".join(relay.feed(event + b"\n\n") for event in (tokens + USAGE_CHUNK).split(b"\n\n") if event)
+    assert out + relay.flush() == tokens
+    assert len(decoded) == 1  # the token chunks pass on a byte search, undecoded
