@@ -15,7 +15,7 @@ IMAGE_TAG ?= $(VERSION)
 CONTAINER_ENGINE ?=
 
 .PHONY: help install proto test test-unit test-integration lint demo cluster-up cluster-down \
-	cluster-status binaries bench bench-report bench-sim bench-router bench-placement bench-operator-cluster bench-autoscaler bench-rollout chaos chaos-serving crds \
+	cluster-status binaries bench bench-report bench-sim bench-router bench-router-llm-d bench-placement bench-operator-cluster bench-autoscaler bench-rollout chaos chaos-serving crds \
 	image lint-dockerfile
 
 help:
@@ -26,7 +26,7 @@ help:
 	@echo "make cluster-up    start the local control plane (make cluster-down stops it)"
 	@echo "make bench         every benchmark in turn (BENCH_QUICK=1: shorter runs), then bench/results/RESULTS.md and plots"
 	@echo "make bench-report  only the report: RESULTS.md and PNG plots from the results files in bench/results"
-	@echo "make bench-*       sim | router | placement | autoscaler | rollout | operator-cluster"
+	@echo "make bench-*       sim | router | router-llm-d | placement | autoscaler | rollout | operator-cluster"
 	@echo "make chaos         faults on purpose: operator, router, Redis, Prometheus, engines, API server (CHAOS_QUICK=1: 3 trials)"
 
 $(STAMP): pyproject.toml
@@ -97,7 +97,7 @@ demo: $(STAMP) proto binaries
 
 # Every benchmark, one after the other (never in parallel: they share the 2 cores and compare peers within a run),
 # each writing bench/results/<name>.json (BENCH_RESULTS_DIR elsewhere), then the report over them.
-bench: bench-sim bench-router bench-placement bench-autoscaler bench-rollout bench-operator-cluster
+bench: bench-sim bench-router bench-router-llm-d bench-placement bench-autoscaler bench-rollout bench-operator-cluster
 	$(PY) bench/report.py
 
 # RESULTS.md (a table per benchmark) and the PNG plots, from whichever results files exist.
@@ -109,6 +109,11 @@ bench-sim: $(STAMP) proto
 
 bench-router: $(STAMP) proto
 	$(PY) bench/bench_router.py
+
+# The same comparison on llm-d-inference-sim, an engine nobody here wrote (built once into the binaries cache;
+# bench/build_llm_d_inference_sim.sh says what it needs). Not part of `make bench`.
+bench-router-llm-d: $(STAMP) proto
+	BENCH_ENGINE=llm-d BENCH_LLMD_SIM="$$(bench/build_llm_d_inference_sim.sh)" $(PY) bench/bench_router.py
 
 bench-placement: $(STAMP) proto
 	$(PY) bench/bench_placement.py

@@ -18,6 +18,10 @@ Policies:
 - sglang:round_robin: sglang-router's own round robin, i.e. round robin as a user deploys it, a proxy with a
   hop of its own, beside the hop-free bound above (added after the 2026-12-03 full run).
 
+BENCH_ENGINE=llm-d (`make bench-router-llm-d`): the same comparison on llm-d-inference-sim v0.9.2 engines instead
+(LlmdFleet), whose tokenizer, KV cache and prefill model are not this project's; vllm-router is left out there
+(it needs /tokenize), and results go to bench/results/router-llm-d.json.
+
 Workloads (bench/router_workloads.py; rates relative to a capacity measured on one engine x ENGINES). The router's
 defaults, and SGLANG_TUNED, are chosen on the four tuning workloads only; the held-out families report them:
 - tuning: shared_prefix_70 / _95 (48 tenants with Zipf popularity, each with a long system prompt, short unique
@@ -123,12 +127,18 @@ TOKENYARD_ARGS = os.environ.get("BENCH_TOKENYARD_ARGS", "").split()
 # the setting of its grid that did best on the tuning workloads (SGLANG_TUNED, chosen as tokenyard's defaults
 # were: on the four tuning workloads only; see the README's router benchmark section for the grid's figures).
 SGLANG_TUNED = "sglang:threshold_0.6"
-POLICIES = tuple(
-    os.environ.get(
-        "BENCH_POLICIES",
-        f"tokenyard,round_robin,least_outstanding,sglang:defaults,{SGLANG_TUNED},vllm:defaults,sglang:round_robin",
-    ).split(",")
+# The engines: tokenyard's own simulator (the default), or llm-d-inference-sim, an OpenAI-compatible vLLM
+# simulator nobody here wrote, with its own tokenizer, KV block cache and prefill model (BENCH_ENGINE=llm-d; see
+# LlmdFleet). The router's defaults were chosen on the first only; the second is what it was not tuned on.
+ENGINE_KIND = os.environ.get("BENCH_ENGINE", "tokenyard-sim")
+if ENGINE_KIND not in ("tokenyard-sim", "llm-d"):
+    raise SystemExit(f"BENCH_ENGINE: unknown engine {ENGINE_KIND!r}; known: tokenyard-sim, llm-d")
+# vllm-router's cache_aware posts every request to each worker's /tokenize first, which llm-d-inference-sim
+# (v0.9.2) does not serve: on those engines it is left out unless named.
+_DEFAULT_POLICIES = f"tokenyard,round_robin,least_outstanding,sglang:defaults,{SGLANG_TUNED}," + (
+    "vllm:defaults,sglang:round_robin" if ENGINE_KIND == "tokenyard-sim" else "sglang:round_robin"
 )
+POLICIES = tuple(os.environ.get("BENCH_POLICIES", _DEFAULT_POLICIES).split(","))
 # Tuning: extra tokenyard configurations run side by side with the others, as policies of their own:
 # BENCH_VARIANTS="name=--flag value --flag2 value;name2=..." adds policies `name`, `name2` (router flags on top of
 # BENCH_TOKENYARD_ARGS). Empty by default: the comparison the issue asks for is the four policies above.
@@ -431,17 +441,147 @@ async def engine_counters(session, engines: list[str]) -> list[dict[str, float]]
         values: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name in wanted:
-                    values[sample.name] = values.get(sample.name, 0.0) + sample.value
+                # vLLM names its counters ..._total; llm-d-inference-sim v0.9.2 leaves the suffix off some
+                # (vllm:prefix_cache_hits, vllm:prefix_cache_queries)
+                name = sample.name if sample.name in wanted else sample.name + "_total"
+                if name in wanted:
+                    values[name] = values.get(name, 0.0) + sample.value
         return values
 
     return list(await asyncio.gather(*(one(u) for u in engines)))
 
 
-async def flush_caches(session, engines: list[str]) -> None:
-    for url in engines:
-        async with session.post(url + "/flush_cache") as response:
-            await response.read()
+class SimFleet:
+    """ENGINES tokenyard.sim engines in one helper process (this script with --engine-host): the sim runs many
+    engines on one event loop. Caches are emptied through the sim's /flush_cache."""
+
+    def __init__(self) -> None:
+        self.host: subprocess.Popen | None = None
+
+    def describe(self, capacity: float) -> str:
+        return (
+            f"fleet: {ENGINES} x tokenyard.sim {SIM_MODEL} on {SIM_GPU}, time scale {TIME_SCALE}, {KV_BLOCKS} KV "
+            f"blocks each; shared-prefix capacity ~{capacity:.1f} req/s"
+        )
+
+    async def start(self) -> list[str]:
+        port_file = os.path.join(tempfile.mkdtemp(prefix="bench-router-"), "engines.json")
+        argv = [PY, os.path.abspath(__file__), "--engine-host", "--count", str(ENGINES)]
+        argv += ["--time-scale", str(TIME_SCALE), "--blocks", str(KV_BLOCKS), "--port-file", port_file]
+        self.host = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(port_file):
+            if self.host.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the engine host did not start")
+            await asyncio.sleep(0.1)
+        with open(port_file) as handle:
+            return json.load(handle)
+
+    async def flush(self, session, engines: list[str], router_attached: bool = False) -> None:
+        for url in engines:
+            async with session.post(url + "/flush_cache") as response:
+                await response.read()
+
+    def stop(self) -> None:
+        if self.host is not None:
+            stop_process(self.host, timeout=15)
+
+
+# llm-d-inference-sim v0.9.2 (github.com/llm-d/llm-d-inference-sim, built from its tag; see the README's router
+# section for the build). Its model, from its source (pkg/llm-d-inference-sim/latencies.go, pkg/kv-cache): at
+# most --max-num-seqs requests run, the rest wait in a queue; a request's time to first token is
+# prefill-overhead + (prompt tokens not found in its KV block cache) x prefill-time-per-token, both stretched by
+# 1 + (time-factor-under-load - 1) x (running - 1) / (max-num-seqs - 1), as are its inter-token gaps; the cache
+# holds --kv-cache-size blocks of --block-size tokens and evicts the oldest block no running request uses. Its
+# tokenizer is its own (a simulated one for a model name it does not know). The figures below are this
+# benchmark's choice, not the project's defaults: about an 8B model on one H100 (10k prompt tokens/s, 20 ms a
+# token, twice as slow with a full batch) with a cache of 8,192 blocks, which holds the 8 running requests of the
+# longest documents (9k tokens) beside some 45 of zipf_tenants' 256 system prompts, so that, as on the
+# tokenyard.sim fleet, one engine holds part of the tenants' prompts and the fleet all of them.
+# `make bench-router-llm-d` builds it (bench/build_llm_d_inference_sim.sh) and sets BENCH_LLMD_SIM
+LLMD_SIM = os.environ.get("BENCH_LLMD_SIM", "llm-d-inference-sim")
+LLMD_ARGS = os.environ.get(
+    "BENCH_LLMD_ARGS",
+    "--max-num-seqs 8 --kv-cache-size 8192 --block-size 16 --prefill-overhead 10ms --prefill-time-per-token 100us "
+    "--inter-token-latency 20ms --time-factor-under-load 2 --max-model-len 32768",
+).split()
+
+
+class LlmdFleet:
+    """ENGINES llm-d-inference-sim processes, one per port. It has no endpoint that empties its cache, so a flush
+    restarts the process on the same port."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs = tempfile.mkdtemp(prefix="bench-router-llmd-")
+
+    def describe(self, capacity: float) -> str:
+        return f"fleet: {ENGINES} x llm-d-inference-sim {' '.join(LLMD_ARGS)}; shared-prefix capacity ~{capacity:.1f} req/s"
+
+    def _spawn(self, port: int, seed: int) -> subprocess.Popen:
+        argv = [
+            LLMD_SIM,
+            "--model",
+            MODEL,
+            "--port",
+            str(port),
+            "--enable-kvcache",
+            "--seed",
+            str(seed),
+            *LLMD_ARGS,
+        ]
+        # POD_IP: its KV cache publishes block events and will not start without an address to name itself by
+        env = {**os.environ, "POD_IP": "127.0.0.1"}
+        log = open(os.path.join(self.logs, f"{port}.log"), "ab")  # noqa: SIM115 - the child holds it
+        try:
+            return subprocess.Popen(argv, env=env, stdout=log, stderr=log)
+        finally:
+            log.close()
+
+    async def _ready(self, session, url: str, proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"llm-d-inference-sim on {url} exited {proc.returncode}; logs in {self.logs}"
+                )
+            with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                async with session.get(url + "/health") as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"llm-d-inference-sim on {url} not ready after 30 s; logs in {self.logs}")
+
+    async def start(self) -> list[str]:
+        for i in range(ENGINES):
+            url = f"http://127.0.0.1:{free_port()}"
+            self.procs[url] = self._spawn(int(url.rsplit(":", 1)[1]), seed=11 + i)
+        async with aiohttp.ClientSession() as session:
+            for url, proc in self.procs.items():
+                await self._ready(session, url, proc)
+        return list(self.procs)
+
+    async def flush(self, session, engines: list[str], router_attached: bool = False) -> None:
+        if router_attached:
+            # A restart under a router would break its connections and scrapes mid-slice. Nothing needs emptying
+            # then: the router's warm-up prompt ("warm up") is shorter than one 16-token block, so it caches none.
+            return
+        for index, url in enumerate(engines):
+            stop_process(self.procs[url], timeout=10)
+            self.procs[url] = self._spawn(int(url.rsplit(":", 1)[1]), seed=11 + index)
+        for url in engines:
+            await self._ready(session, url, self.procs[url])
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            stop_process(proc, timeout=10)
+
+
+FLEET = SimFleet() if ENGINE_KIND == "tokenyard-sim" else LlmdFleet()
+
+
+async def flush_caches(session, engines: list[str], router_attached: bool = False) -> None:
+    await FLEET.flush(session, engines, router_attached)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -681,7 +821,7 @@ async def run_slice(
         if router:
             await router.ready(session)
         dispatcher = Dispatcher(policy, engines, router.url if router else None)
-        await flush_caches(session, engines)  # the warm-up request must not leave a cached prefix
+        await flush_caches(session, engines, router_attached=True)  # the warm-up must leave no cached prefix
         before = await engine_counters(session, engines)
         if workload.body is None:
             results, _ = await run_multi_turn(session, dispatcher, rate, seconds, seed=3 + 100 * seed)
@@ -800,42 +940,13 @@ async def overhead(session, engines) -> dict[str, dict[str, float]]:
 
 
 async def main() -> None:
-    port_file = os.path.join(tempfile.mkdtemp(prefix="bench-router-"), "engines.json")
-    host = subprocess.Popen(
-        [
-            PY,
-            os.path.abspath(__file__),
-            "--engine-host",
-            "--count",
-            str(ENGINES),
-            "--time-scale",
-            str(TIME_SCALE),
-            "--blocks",
-            str(KV_BLOCKS),
-            "--port-file",
-            port_file,
-        ],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(port_file):
-            if host.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the engine host did not start")
-            await asyncio.sleep(0.1)
-        with open(port_file) as handle:
-            engines = json.load(handle)
+        engines = await FLEET.start()
         timeout = aiohttp.ClientTimeout(total=300)
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             capacity = await calibrate(session, engines, ALL_WORKLOADS["shared_prefix_70"])
-            print(
-                f"fleet: {ENGINES} x {SIM_MODEL} on {SIM_GPU}, time scale {TIME_SCALE}, {KV_BLOCKS} KV blocks "
-                f"each; shared-prefix capacity ~{capacity:.1f} req/s",
-                flush=True,
-            )
+            print(FLEET.describe(capacity), flush=True)
             results: dict[str, dict[str, dict[str, float]]] = {}
             print(
                 f"TTFT, hit rate and imbalance: open loop (Poisson arrivals at the rate shown), {ROUNDS} rounds "
@@ -864,7 +975,9 @@ async def main() -> None:
                 clients = closed_clients(spec.level)
                 runs = await run_workload(session, engines, spec, rate, clients)
                 workload = name
-                bound = decode_bound_tok_s(clients) if workload.startswith("shared_prefix") else None
+                # the decode bound comes from tokenyard.sim's step model: there is none for another engine
+                shared = workload.startswith("shared_prefix") and ENGINE_KIND == "tokenyard-sim"
+                bound = decode_bound_tok_s(clients) if shared else None
                 results[workload] = {}
                 for policy in POLICIES:
                     figures = summarise(runs[policy])
@@ -907,17 +1020,19 @@ async def main() -> None:
                         + ratio
                     )
     finally:
-        stop_process(host, timeout=15)
+        FLEET.stop()
     # which rows are a peer tuned on the tuning workloads, and which are extra tokenyard configurations (labelled
     # as such in bench/report.py's table, never the headline)
     final = {
         "bench": "router",
+        "engine": ENGINE_KIND,
         "tuned_peers": [SGLANG_TUNED],
         "tokenyard_variants": list(VARIANTS),
         "results": results,
     }
     print(json.dumps(final))
-    write_results("router", final)
+    # a run on other engines must not overwrite the figures of the default fleet
+    write_results("router" if ENGINE_KIND == "tokenyard-sim" else "router-llm-d", final)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from tokenyard.router.openai_wire import (
     CHAT_COMPLETIONS_PATH,
     COMPLETIONS_PATH,
     HOP_HEADERS,
+    USAGE_REFUSAL_STATUSES,
     InferenceRequest,
     InvalidRequest,
     StreamDecodeError,
@@ -157,6 +158,7 @@ class PickerStream:
         # The stream's usage event, asked for on the client's behalf (openai_wire.ask_stream_usage), is
         # dropped from the response on its way back to the gateway, as the HTTP front drops it.
         self.hidden_usage: UsageEventFilter | None = None
+        self.error_body = bytearray()  # the head of an error answer to a request with stream_options added
 
     def handle(self, message: ext_proc.ProcessingRequest) -> list[ext_proc.ProcessingResponse]:
         kind = message.WhichOneof("request")
@@ -240,7 +242,10 @@ class PickerStream:
                 return self._refuse(error.status, error.message, retry)
             self.exchange = exchange
             endpoints = exchange.addresses
-            body = request.body  # as the HTTP front forwards it (a stream's usage asked for)
+            assert exchange.route is not None
+            if request.hides_usage and exchange.route.endpoint.url in self.forwarder.state.usage_refused:
+                exchange.request = request.as_client_sent()  # the replica refused the member before
+            body = exchange.request.body  # as the HTTP front forwards it (a stream's usage asked for)
         else:
             # Not an inference request (a model list, a health check): any ready replica, nothing to account.
             endpoint = self.picker.any_ready(self.subset)
@@ -293,6 +298,18 @@ class PickerStream:
         exchange = self.exchange
         if exchange is not None and exchange.ending is None and message.body:
             exchange.response_chunk(message.body)
+        if (
+            exchange is not None
+            and exchange.request.hides_usage
+            and self.response_status in USAGE_REFUSAL_STATUSES
+        ):
+            # The gateway has sent the request and cannot resend it: this one answer is the client's, but the
+            # replica is remembered as refusing stream_options, and its next requests go as the client sent them.
+            self.error_body += message.body[: 4096 - len(self.error_body)]
+            if message.end_of_stream and exchange.route is not None:
+                exchange.note_usage_refusal(
+                    exchange.route.endpoint, self.response_status, bytes(self.error_body)
+                )
         if message.end_of_stream:
             self._end_response()
         body = message.body

@@ -28,17 +28,20 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from tokenyard.router.openai_wire import (
     USAGE_MARK,
+    USAGE_REFUSAL_STATUSES,
     InferenceRequest,
     OutputText,
     ResponseEvent,
     StreamDecodeError,
     StreamDecoder,
     decode_body,
+    refuses_stream_usage,
 )
 from tokenyard.router.shadowpair import PRIMARY, SHADOW, ShadowPair
 from tokenyard.router.state import Route, RoutingError
 
 if TYPE_CHECKING:
+    from tokenyard.router.discovery import Endpoint
     from tokenyard.router.proxy import Forwarder
 
 log = logging.getLogger("tokenyard.router")
@@ -128,6 +131,24 @@ class RoutedRequest:
             self.forwarder.replica_failed(endpoint.name, f"{endpoint.url} answered {status}")
         else:
             self.forwarder.state.record_success(endpoint.name)
+
+    def note_usage_refusal(self, endpoint: Endpoint, status: int, detail: bytes) -> bool:
+        """Whether the replica's error answer (``status``, the head of its body) refuses the ``stream_options``
+        member the router added; then the replica is remembered, and its next requests go as the client sent
+        them (the router learns token sizes there only from clients that ask for usage)."""
+        if not self.request.hides_usage or not refuses_stream_usage(status, detail):
+            return False
+        state = self.forwarder.state
+        if endpoint.url not in state.usage_refused:
+            state.usage_refused.add(endpoint.url)
+            log.warning(
+                "replica %s (%s) refuses stream_options (HTTP %d: %s); its streams go as the client sent them",
+                endpoint.name,
+                endpoint.url,
+                status,
+                detail[:200].decode(errors="replace"),
+            )
+        return True
 
     def _broke(self, error: BaseException) -> StreamBroken:
         assert self.route is not None
@@ -349,13 +370,13 @@ class Exchange(RoutedRequest):
                 forwarder.metrics.retries.labels(route.model, tried[-1]).inc()
             tried.append(route.endpoint.name)
             endpoint = route.endpoint
+            if request.hides_usage and endpoint.url in forwarder.state.usage_refused:
+                request = self.request = request.as_client_sent()
             try:
-                response = await forwarder.session.post(
-                    endpoint.url + request.path,
-                    data=request.body,
-                    headers=dict(request.headers),
-                    timeout=forwarder.upstream_timeout(self.started, request.deadline_s),
-                )
+                response = await self._post(endpoint.url)
+                if request.hides_usage and response.status in USAGE_REFUSAL_STATUSES:
+                    response = await self._unless_usage_refused(route, response)
+                    request = self.request
             except (TimeoutError, aiohttp.ClientConnectionError, OSError) as error:
                 forwarder.state.ledger.close(route.ticket)
                 forwarder.replica_failed(endpoint.name, f"connect to {endpoint.url} failed: {error!r}")
@@ -379,6 +400,33 @@ class Exchange(RoutedRequest):
             return
         assert last_error is not None
         raise last_error
+
+    async def _post(self, url: str) -> aiohttp.ClientResponse:
+        request = self.request
+        return await self.forwarder.session.post(
+            url + request.path,
+            data=request.body,
+            headers=dict(request.headers),
+            timeout=self.forwarder.upstream_timeout(self.started, request.deadline_s),
+        )
+
+    async def _unless_usage_refused(
+        self, route: Route, response: aiohttp.ClientResponse
+    ) -> aiohttp.ClientResponse:
+        """``response``, an error to a request the router added ``stream_options`` to, unless the error is about
+        that member: then the replica is remembered as refusing it and gets the client's own request instead,
+        so an engine older than the member (vLLM before v0.5.0) serves what it would have served without the
+        router. An error body is small, and aiohttp keeps it for ``read`` once read."""
+        endpoint = route.endpoint
+        try:
+            detail = await response.read()
+        except UPSTREAM_READ_ERRORS:
+            return response  # the relay reads it again and reports the failure
+        if not self.note_usage_refusal(endpoint, response.status, detail):
+            return response
+        response.release()
+        self.request = self.request.as_client_sent()
+        return await self._post(endpoint.url)
 
     # --- the answer --------------------------------------------------------------------------------------
 

@@ -45,9 +45,19 @@ class InferenceRequest:
     # upstream request is bounded by it, so an engine never generates for a client that gave up.
     deadline_s: float | None = None
     headers: Mapping[str, str] = field(default_factory=dict)  # forwarded upstream
-    # The router asked the engine for the stream's usage the client did not ask for (ask_stream_usage): the
-    # relay drops the usage event before the client sees it (UsageEventFilter).
-    hides_usage: bool = False
+    # The client's own bytes, when the router changed them to ask the engine for the stream's usage the client
+    # did not ask for (ask_stream_usage); None: ``body`` is the client's.
+    client_body: bytes | None = None
+
+    @property
+    def hides_usage(self) -> bool:
+        """The router asked for the stream's usage: the relay drops its event before the client sees it
+        (UsageEventFilter)."""
+        return self.client_body is not None
+
+    def as_client_sent(self) -> InferenceRequest:
+        """This request with the client's own body (for an engine that refuses the asked-for usage)."""
+        return self if self.client_body is None else replace(self, body=self.client_body, client_body=None)
 
 
 def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -187,7 +197,18 @@ def ask_stream_usage(request: InferenceRequest, body: Mapping[str, Any]) -> Infe
         raw = request.body[: start + 1] + _INCLUDE_USAGE + request.body[start + 1 :]
     else:
         raw = json.dumps({**body, "stream_options": {**(options or {}), "include_usage": True}}).encode()
-    return replace(request, body=raw, hides_usage=True)
+    return replace(request, body=raw, client_body=request.body)
+
+
+# What an engine answers when it does not know the member: vLLM before v0.5.0 (pydantic, extra="forbid") said
+# 400 with "'loc': ('body', 'stream_options'), 'msg': 'Extra inputs are not permitted'", and a FastAPI server of
+# that kind 422; an error that names the member is taken to be about it.
+USAGE_REFUSAL_STATUSES = (400, 422)
+
+
+def refuses_stream_usage(status: int, error_body: bytes) -> bool:
+    """Whether an engine's error answer refuses the ``stream_options`` member the router added."""
+    return status in USAGE_REFUSAL_STATUSES and b"stream_options" in error_body
 
 
 class UsageEventFilter:

@@ -167,6 +167,9 @@ class RouterState:
         self.prefix_outbox: list[tuple[str, tuple[int, ...], int]] = []
         self.publish_prefixes = False
         self.prefix_corrections = 0  # times an engine's cached-token report corrected the index
+        # Replicas (by URL) that refused the stream_options member the router adds to a stream
+        # (openai_wire.refuses_stream_usage): their requests go as the client sent them.
+        self.usage_refused: set[str] = set()
         self._pipelines: dict[tuple[tuple[str, float], ...] | None, Pipeline] = {}
 
     # --- views -----------------------------------------------------------------------------------------

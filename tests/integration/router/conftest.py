@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
+from aiohttp import web
 from tokenyard.router.discovery import Endpoint, StaticConfig
 from tokenyard.router.server import RouterServer, ServerOptions
 from tokenyard.router.state import RouterSettings
@@ -253,3 +255,62 @@ async def router_processes():
     yield make
     for process in started:
         await process.stop()
+
+
+# What vLLM before v0.5.0 answered a request with a member it did not know (pydantic, extra="forbid"), as reported
+# in modelscope/ms-agent#489 against stream_options.
+OLD_VLLM_REFUSAL = {
+    "object": "error",
+    "message": "[{'type': 'extra_forbidden', 'loc': ('body', 'stream_options'), 'msg': 'Extra inputs are not "
+    "permitted', 'input': {'include_usage': True}}]",
+    "type": "BadRequestError",
+    "param": None,
+    "code": 400,
+}
+
+
+@pytest.fixture
+async def old_engine():
+    """An engine older than stream_options (no such engine runs here): it refuses the member with vLLM v0.4's
+    error, and otherwise streams two tokens. Counts the requests it got, by whether they had the member."""
+    got = {"invalid": 0, "with": 0, "without": 0}
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if body.get("max_tokens", 16) < 1:
+            got["invalid"] += 1
+            error = {"object": "error", "message": "max_tokens must be at least 1, got -1.", "code": 400}
+            return web.json_response(error, status=400)
+        if "stream_options" in body:
+            got["with"] += 1
+            return web.json_response(OLD_VLLM_REFUSAL, status=400)
+        got["without"] += 1
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for text in ("Hello", " there"):
+            chunk = {
+                "object": "text_completion",
+                "choices": [{"index": 0, "text": text, "finish_reason": None}],
+            }
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def empty(_: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", empty)
+    app.router.add_get("/metrics", empty)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    yield f"http://127.0.0.1:{port}", got
+    await runner.cleanup()

@@ -18,6 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenyard.devcluster.gateway_standin import ensure_gateway_standin
+from tokenyard.router.discovery import Endpoint
 from tokenyard.router.epp_protocol import SERVICE_NAME, endpoint_address
 from tokenyard.router.openai_wire import carries_token
 from tokenyard.router.server import RouterServer
@@ -184,6 +185,24 @@ async def test_a_stream_through_the_gateway_teaches_the_router_without_showing_t
         text = await response.text()
     assert '"completion_tokens":3' in text.replace(" ", "")  # asked for by the client: relayed
     await wait_for(lambda: server.state.ratio_for(MODEL).observations == 2, what="the second usage")
+
+
+async def test_through_the_gateway_an_engine_that_refuses_stream_options_is_remembered(
+    router, gateway, http, old_engine
+):
+    engine_url, got = old_engine
+    server = await router([Endpoint("old", engine_url, "")], epp_port=0)
+    standin = await gateway(server)
+    # The gateway has sent the first request when the refusal comes back and cannot resend it: the client gets
+    # the engine's error, as it would from that engine without a router that adds the member.
+    status, _, text = await complete(http, standin.url, "Hi", max_tokens=2)
+    assert status == 400 and "stream_options" in text
+    await wait_for(lambda: server.state.usage_refused == {engine_url}, what="the refusal to be remembered")
+    for _ in range(2):
+        status, _, text = await complete(http, standin.url, "Hi", max_tokens=2)
+        assert status == 200 and text.rstrip().endswith("data: [DONE]"), text
+        assert sum(carries_token(line.encode()) for line in text.splitlines()) == 2
+    assert got == {"invalid": 0, "with": 1, "without": 2}
 
 
 async def test_the_standin_and_the_http_front_pick_alike(engines, router, gateway, http):

@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tokenyard.router.discovery import Shadow
+from tokenyard.router.discovery import Endpoint, Shadow
 from tokenyard.router.openai_wire import carries_token, render_chat
 from tokenyard.router.plugins.not_saturated import SaturationLimits
 from tokenyard.router.state import RouterSettings
@@ -99,6 +99,21 @@ async def test_a_stream_teaches_the_router_its_token_sizes_whether_or_not_the_cl
     usage = json.loads(events[-2])
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 3
     assert server.state.ratio_for(MODEL).observations == (2 if ask_usage else 1)
+
+
+async def test_an_engine_that_refuses_stream_options_serves_what_the_client_sent(router, http, old_engine):
+    engine_url, got = old_engine
+    server = await router([Endpoint("old", engine_url, "")])
+    # a client's own error, not about the member, is the client's: relayed, not resent, the replica not marked
+    status, _, payload = await complete(http, server, "Hi", max_tokens=-1, stream=True)
+    assert status == 400 and b"max_tokens" in payload
+    assert got == {"invalid": 1, "with": 0, "without": 0} and not server.state.usage_refused
+    for _ in range(3):
+        events = await stream_events(http, server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        assert events == [events[0], events[1], b"[DONE]"] and sum(carries_token(e) for e in events) == 2
+    # refused once, then remembered: every request was served, and only the first one was sent twice
+    assert got == {"invalid": 1, "with": 1, "without": 3}
+    assert server.state.usage_refused == {engine_url}
 
 
 async def test_bad_input_gets_clear_4xx_errors(engines, router, http):

@@ -14,6 +14,7 @@ from tokenyard.router.openai_wire import (
     carries_token,
     decode_body,
     parse_request,
+    refuses_stream_usage,
     render_chat,
 )
 from tokenyard.v1 import router_pb2
@@ -128,6 +129,9 @@ def test_a_stream_whose_client_did_not_ask_for_usage_asks_for_it_and_keeps_the_c
         "stream_options": {"include_usage": True},
     }
     assert request.body.replace(b'"stream_options":{"include_usage":true},', b"") == raw
+    # for an engine that refuses the member, the client's own bytes
+    as_sent = request.as_client_sent()
+    assert as_sent.body == raw and not as_sent.hides_usage and as_sent.as_client_sent() is as_sent
 
     # other stream options are kept; a null member is replaced
     kept = stream_request({"model": "m", "prompt": "x", "stream": True, "stream_options": {"other": 1}})
@@ -218,3 +222,10 @@ def test_engine_streams_lose_only_the_usage_chunk_and_only_it_is_decoded(tokens,
     out = b"".join(relay.feed(event + b"\n\n") for event in (tokens + USAGE_CHUNK).split(b"\n\n") if event)
     assert out + relay.flush() == tokens
     assert len(decoded) == 1  # the token chunks pass on a byte search, undecoded
+
+
+def test_only_an_error_that_names_the_member_is_a_refusal_of_it():
+    old_vllm = b"{'type': 'extra_forbidden', 'loc': ('body', 'stream_options'), 'msg': 'Extra inputs are not permitted'}"
+    assert refuses_stream_usage(400, old_vllm) and refuses_stream_usage(422, old_vllm)
+    assert not refuses_stream_usage(400, b'{"message": "max_tokens must be at least 1, got -1."}')
+    assert not refuses_stream_usage(500, old_vllm)  # a server error is the replica's, not the member's
