@@ -34,6 +34,8 @@ class ReplicaSnapshot:
     # capacity in tokens as its /metrics reported it (None: not reported, so nothing is judged against it).
     kv_held_tokens: float = 0.0
     kv_capacity_tokens: int | None = None
+    # Requests the replica runs at once, learned from its /metrics (RouterState.record_stats); None: not seen.
+    concurrency: int | None = None
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """What the router learns of request sizes from the engines' answers: how many bytes of prompt text make one of
-the engine's tokens (``BytesPerToken``), and how long answers really are (``OutputLength``).
+the engine's tokens (``BytesPerToken``), and how long answers really are (``OutputLength``); and, from their
+/metrics, how many requests an engine runs at once (``ConcurrencyCap``).
 
 Bytes per token
 ---------------
@@ -25,6 +26,16 @@ prompt, and the prefill a cache hit saves (the part of the load a router can cho
 The router counts the tokens each finished answer streamed; the expected output of a new request is the mean
 of those counts (decayed, per model), never more than its own cap, and the cap itself until MIN_ANSWERS
 answers have been seen.
+
+Concurrency
+-----------
+An engine runs at most so many requests at once (vLLM's --max-num-seqs, SGLang's --max-running-requests), and a
+request beyond that waits in its queue for a running one to end: a whole request's time, however few tokens
+the engine owes. The cap is not in any engine's /metrics, but it shows there: the running count never exceeds
+it, and whenever requests wait the running count sits at it. A vLLM-like scheduler also makes requests wait for
+other reasons (a step's token budget spent on other prompts, a full KV cache), with the running count anywhere
+below its largest; so the largest running count ever scraped is taken as a cap only once CAP_CONFIRMATIONS
+scrapes found requests waiting with exactly that many running.
 """
 
 from __future__ import annotations
@@ -86,3 +97,26 @@ class OutputLength:
         if self.observations < MIN_ANSWERS or self.answers <= 0:
             return max_tokens
         return max(1, min(max_tokens, round(self.total_tokens / self.answers)))
+
+
+CAP_CONFIRMATIONS = 3
+
+
+@dataclass
+class ConcurrencyCap:
+    """One replica's running and waiting counts as scraped (see Concurrency above)."""
+
+    most_running: int = 0
+    confirmations: int = 0  # scrapes with requests waiting and ``most_running`` running
+
+    def observe(self, running: float, waiting: float) -> None:
+        count = round(running)
+        if count > self.most_running:
+            self.most_running, self.confirmations = count, 0
+        if waiting > 0 and count == self.most_running and count >= 1:
+            self.confirmations += 1
+
+    @property
+    def cap(self) -> int | None:
+        """Requests the replica runs at once; None until confirmed."""
+        return self.most_running if self.confirmations >= CAP_CONFIRMATIONS else None

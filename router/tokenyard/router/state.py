@@ -26,7 +26,7 @@ from tokenyard.router.core import DEFAULT_FILTERS, DEFAULT_MISS_PENALTY, Pipelin
 from tokenyard.router.discovery import Endpoint, ModelView
 from tokenyard.router.enginestats import EngineStats
 from tokenyard.router.framework import ReplicaSnapshot, RoutingDecision, RoutingRequest
-from tokenyard.router.learned_sizes import BytesPerToken, OutputLength
+from tokenyard.router.learned_sizes import BytesPerToken, ConcurrencyCap, OutputLength
 from tokenyard.router.plugins.kv_fits import KvFitsFilter
 from tokenyard.router.plugins.not_saturated import SaturationLimits
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
@@ -170,6 +170,8 @@ class RouterState:
         # Replicas (by URL) that refused the stream_options member the router adds to a stream
         # (openai_wire.refuses_stream_usage): their requests go as the client sent them.
         self.usage_refused: set[str] = set()
+        # How many requests each replica runs at once, learned from its /metrics (record_stats): filter freeSlot.
+        self.concurrency: dict[str, ConcurrencyCap] = {}
         self._pipelines: dict[tuple[tuple[str, float], ...] | None, Pipeline] = {}
 
     # --- views -----------------------------------------------------------------------------------------
@@ -186,6 +188,7 @@ class RouterState:
             self.ledger.forget(endpoint.name)
             self.stats.pop(endpoint.name, None)
             self.kv_capacity_tokens.pop(endpoint.name, None)
+            self.concurrency.pop(endpoint.name, None)
             self.unreachable.discard(endpoint.name)
         return gone
 
@@ -205,6 +208,8 @@ class RouterState:
 
     def record_stats(self, replica: str, stats: EngineStats) -> None:
         self.stats[replica] = stats
+        if stats.waiting is not None and stats.running is not None:
+            self.concurrency.setdefault(replica, ConcurrencyCap()).observe(stats.running, stats.waiting)
         if stats.kv_capacity_tokens:
             self.kv_capacity_tokens[replica] = stats.kv_capacity_tokens
         elif stats.num_gpu_blocks:
@@ -285,6 +290,7 @@ class RouterState:
             block_size=routing_block_size(stats.block_size if stats else None),
             kv_held_tokens=self.ledger.kv_held_tokens(endpoint.name),
             kv_capacity_tokens=self.kv_capacity_tokens.get(endpoint.name),  # only a reported figure
+            concurrency=cap.cap if (cap := self.concurrency.get(endpoint.name)) else None,
         )
 
     def _prefill_done(self, replica: str, now: float) -> float:

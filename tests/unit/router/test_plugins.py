@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.router.core import DEFAULT_FILTERS, DEFAULT_MISS_PENALTY, Pipeline
 from tokenyard.router.framework import NEUTRAL_SCORE, RoutingRequest
+from tokenyard.router.plugins.free_slot import FreeSlotFilter
 from tokenyard.router.plugins.kv_cache import KvCacheScorer
 from tokenyard.router.plugins.kv_fits import KvFitsFilter
 from tokenyard.router.plugins.not_saturated import NotSaturatedFilter, SaturationLimits
@@ -216,3 +217,45 @@ def test_a_cold_tenant_goes_where_its_blocks_fit_not_where_compute_is_lightest()
     req = request(prompt_tokens=3_000)  # without the footprint the load scorer would pick the other one
     decision = with_kv_fits.decide(req, replicas, random.Random(1))
     assert decision.replica.name == "kv_full_light_compute"
+
+
+# --- freeSlot -----------------------------------------------------------------------------------------------
+
+
+def test_free_slot_keeps_the_replicas_that_can_start_the_request_at_once():
+    replicas = [
+        snap("full", outstanding_requests=8, concurrency=8),
+        snap("one_free", outstanding_requests=7, concurrency=8),
+        snap("cap_unknown_light", outstanding_requests=5),  # taken to have the smallest known cap (8)
+        snap("cap_unknown_busy", outstanding_requests=8),
+    ]
+    kept = FreeSlotFilter().apply(request(), replicas)
+    assert [r.name for r in kept] == ["one_free", "cap_unknown_light"]
+    # no cap known anywhere: every replica is free
+    unknown = [snap(name, outstanding_requests=40) for name in ("a", "b")]
+    assert FreeSlotFilter().apply(request(), unknown) == unknown
+
+
+def test_free_slot_never_leaves_no_candidate():
+    replicas = [snap(name, outstanding_requests=9, concurrency=8) for name in ("a", "b")]
+    assert FreeSlotFilter().apply(request(), replicas) == replicas
+
+
+def test_a_cached_prefix_does_not_draw_a_request_into_an_engines_queue():
+    """Token load and locality both favour the replica holding the prefix; with its slots all taken, the request
+    would wait there for a running one to end, so freeSlot sends it where it starts at once."""
+    replicas = [
+        snap("holds_the_prefix", outstanding_tokens=1_000, outstanding_requests=5, concurrency=5),
+        snap("cold_with_a_slot", outstanding_tokens=1_500, outstanding_requests=3, concurrency=5),
+    ]
+    plain = Pipeline.from_config().decide(
+        request(2_000, {"holds_the_prefix": 1_900}), replicas, random.Random(1)
+    )
+    assert plain.replica is not None and plain.replica.name == "holds_the_prefix"
+    slots = Pipeline.from_config(filters=(*DEFAULT_FILTERS, "freeSlot"))
+    decision = slots.decide(
+        request(2_000, {"holds_the_prefix": 1_900}),
+        replicas,
+        random.Random(1),
+    )
+    assert decision.replica is not None and decision.replica.name == "cold_with_a_slot"

@@ -6,6 +6,7 @@ from tokenyard.router.accounting import PrefillRate
 from tokenyard.router.core import DEFAULT_FILTERS
 from tokenyard.router.discovery import ConfigError, Endpoint, ModelView, Shadow
 from tokenyard.router.enginestats import EngineStats, parse_engine_metrics
+from tokenyard.router.learned_sizes import CAP_CONFIRMATIONS
 from tokenyard.router.openai_wire import prompt_of, render_chat
 from tokenyard.router.state import RouterState, RoutingError, routing_block_size
 
@@ -61,6 +62,26 @@ def test_failed_metrics_make_signals_unknown_at_once_but_keep_the_cache_geometry
     assert snap.block_size == 32 and snap.healthy  # same prefix hashing; still routable
     state.forget_signals("nobody")  # a replica never scraped: nothing to forget
     assert "nobody" not in state.stats
+
+
+def test_a_replicas_concurrency_is_learned_when_it_reports_requests_waiting():
+    state = state_with([Endpoint("a", "http://a")])
+    endpoint = state.models["m"].endpoints[0]
+    state.record_stats("a", EngineStats(scraped_at=0.0, waiting=0.0, running=3.0))
+    assert state.snapshot(endpoint, now=0.0).concurrency is None  # nothing waits: no limit seen
+    # A vLLM-like scheduler makes requests wait below its cap too (a step's token budget, a full KV cache):
+    # running counts that differ while requests wait are not a cap.
+    for running in (4.0, 6.0, 5.0, 6.0):
+        state.record_stats("a", EngineStats(scraped_at=1.0, waiting=2.0, running=running))
+    assert state.snapshot(endpoint, now=1.0).concurrency is None
+    for _ in range(CAP_CONFIRMATIONS):  # requests waiting, always with 7 running (VLLM_METRICS): a cap
+        assert state.snapshot(endpoint, now=1.0).concurrency is None
+        state.record_stats("a", parse_engine_metrics(VLLM_METRICS, scraped_at=1.0))
+    assert state.snapshot(endpoint, now=1.0).concurrency == 7
+    state.record_stats("a", EngineStats(scraped_at=2.0, waiting=0.0, running=9.0))  # more ran at once: no cap
+    assert state.snapshot(endpoint, now=2.0).concurrency is None
+    state.set_models({})  # the replica went away: what was learned of it goes too
+    assert "a" not in state.concurrency
 
 
 def test_routing_blocks_follow_the_engine_block_or_group_small_pages():

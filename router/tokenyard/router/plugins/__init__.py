@@ -11,6 +11,8 @@ filter revision            revision.py             ``RequestState.revision`` (th
                                                    ``choose_revision``), ``ReplicaSnapshot.revision``
 filter notSaturated        not_saturated.py        ``outstanding_requests``, ``queue_waiting`` against
                                                    ``SaturationLimits``; writes ``RequestState.saturated``
+filter freeSlot            free_slot.py            ``outstanding_requests`` against ``concurrency`` (learned
+                                                   from the engine's /metrics); keeps all when none is free
 filter kvFits              kv_fits.py              ``kv_held_tokens``, ``kv_capacity_tokens``,
                                                    ``RoutingRequest.kv_new_tokens``; keeps all when none fits
                                                    and writes ``RequestState.fits_nowhere``
@@ -28,6 +30,7 @@ Filters are named in ``core.DEFAULT_FILTERS`` (or a configuration's list), score
 """
 
 from tokenyard.router.plugins import (
+    free_slot,
     healthy,
     kv_cache,
     kv_fits,
@@ -41,6 +44,7 @@ from tokenyard.router.plugins import (
 )
 
 __all__ = [
+    "free_slot",
     "healthy",
     "kv_cache",
     "kv_fits",
