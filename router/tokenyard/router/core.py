@@ -42,7 +42,13 @@ def pick_max(scores: Sequence[tuple[str, float]], rng: random.Random) -> str | N
 # shared with other work, 2026-12-03) it did not change closed-loop tokens/s beyond the round-to-round spread
 # (393 against 447 tok/s without it, sglang-router 585), and it has not been run on the tuning workloads. Put it
 # last when enabled (--filters ...,kvFits): it only narrows, and keeps every candidate when it fits nowhere.
-DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated")
+# freeSlot (plugins/free_slot.py) came from llm-d-inference-sim, an engine this project did not write, whose small
+# batch makes a request beyond it wait a whole request's time; on tokenyard.sim's tuning workloads it changes
+# nothing beyond the spread (bench-router, 3 rounds, 2026-12-06, bench/results/router-free-slot-tuning-2026-12-06.txt;
+# TTFT p99 without -> with: no_sharing 0.325 -> 0.323, shared_prefix_70 0.459 -> 0.460, shared_prefix_95 0.471 ->
+# 0.470, multi_turn 0.218 -> 0.216; tokens/s within 1%), since a vLLM-like engine's running count varies while
+# requests wait and no cap is ever confirmed there (learned_sizes.ConcurrencyCap).
+DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated", "freeSlot")
 # Scorer weights when a ModelDeployment gives none (spec.routing.weights uses the same keys).
 # THE RULE for every default here and in HotSpotGuard / SaturationLimits: it is chosen on bench-router's four
 # tuning workloads only (shared_prefix_70, shared_prefix_95, no_sharing, multi_turn), then reported unchanged on

@@ -418,6 +418,8 @@ class Exchange(RoutedRequest):
         so an engine older than the member (vLLM before v0.5.0) serves what it would have served without the
         router. An error body is small, and aiohttp keeps it for ``read`` once read."""
         endpoint = route.endpoint
+        if response.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return response  # a stream, not an error body: left for the relay to read
         try:
             detail = await response.read()
         except UPSTREAM_READ_ERRORS:

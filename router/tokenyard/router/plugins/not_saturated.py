@@ -20,7 +20,7 @@ class SaturationLimits:
 class NotSaturatedFilter(Filter, name="notSaturated"):
     """Drops saturated replicas; when none is left, marks the request ``saturated`` (a 429 with Retry-After,
     not a 503: the replicas are there, only full). Runs after the other filters that may reject (only kvFits,
-    which never leaves none, may follow), so that saturation is judged among the replicas the request may go to."""
+    and freeSlot, which never leave none, may follow), so that saturation is judged among the replicas the request may go to."""
 
     def __init__(self, limits: SaturationLimits | None = None) -> None:
         self.limits = limits or SaturationLimits()
