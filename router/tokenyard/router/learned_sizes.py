@@ -35,7 +35,11 @@ the engine owes. The cap is not in any engine's /metrics, but it shows there: th
 it, and whenever requests wait the running count sits at it. A vLLM-like scheduler also makes requests wait for
 other reasons (a step's token budget spent on other prompts, a full KV cache), with the running count anywhere
 below its largest; so the largest running count ever scraped is taken as a cap only once CAP_CONFIRMATIONS
-scrapes found requests waiting with exactly that many running.
+scrapes found requests waiting with exactly that many running. The same is judged over all the replicas the
+router scrapes at once (the largest count on any of them, confirmed by scrapes of any of them): the replicas of
+a deployment run the same engine with the same flags, and the fleet confirms a cap some times faster than one
+replica does (each is scraped every 2 s), which is the time a new router routes without it. A fleet of mixed
+caps never confirms there (its largest count is only reached on some), and each replica then has its own.
 """
 
 from __future__ import annotations

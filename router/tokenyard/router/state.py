@@ -172,6 +172,7 @@ class RouterState:
         self.usage_refused: set[str] = set()
         # How many requests each replica runs at once, learned from its /metrics (record_stats): filter freeSlot.
         self.concurrency: dict[str, ConcurrencyCap] = {}
+        self.fleet_concurrency = ConcurrencyCap()  # the same, judged over every replica's scrapes
         self._pipelines: dict[tuple[tuple[str, float], ...] | None, Pipeline] = {}
 
     # --- views -----------------------------------------------------------------------------------------
@@ -210,6 +211,7 @@ class RouterState:
         self.stats[replica] = stats
         if stats.waiting is not None and stats.running is not None:
             self.concurrency.setdefault(replica, ConcurrencyCap()).observe(stats.running, stats.waiting)
+            self.fleet_concurrency.observe(stats.running, stats.waiting)
         if stats.kv_capacity_tokens:
             self.kv_capacity_tokens[replica] = stats.kv_capacity_tokens
         elif stats.num_gpu_blocks:
@@ -290,8 +292,13 @@ class RouterState:
             block_size=routing_block_size(stats.block_size if stats else None),
             kv_held_tokens=self.ledger.kv_held_tokens(endpoint.name),
             kv_capacity_tokens=self.kv_capacity_tokens.get(endpoint.name),  # only a reported figure
-            concurrency=cap.cap if (cap := self.concurrency.get(endpoint.name)) else None,
+            concurrency=self.concurrency_of(endpoint.name),
         )
+
+    def concurrency_of(self, replica: str) -> int | None:
+        """Requests ``replica`` runs at once: its own confirmed cap, else the fleet's, else unknown."""
+        own = self.concurrency.get(replica)
+        return own.cap if own is not None and own.cap is not None else self.fleet_concurrency.cap
 
     def _prefill_done(self, replica: str, now: float) -> float:
         return self.ledger.prefill_done(replica, now) if self.settings.prefill_progress else 0.0

@@ -80,6 +80,16 @@ def test_a_replicas_concurrency_is_learned_when_it_reports_requests_waiting():
     assert state.snapshot(endpoint, now=1.0).concurrency == 7
     state.record_stats("a", EngineStats(scraped_at=2.0, waiting=0.0, running=9.0))  # more ran at once: no cap
     assert state.snapshot(endpoint, now=2.0).concurrency is None
+    # a replica of the same fleet with no cap of its own takes the fleet's
+    fleet = state_with([Endpoint(name, f"http://{name}") for name in "abc"])
+    for name in "abc":
+        assert fleet.concurrency_of(name) is None
+        fleet.record_stats(name, EngineStats(scraped_at=0.0, waiting=1.0, running=8.0))  # once each
+    assert [fleet.concurrency_of(name) for name in "abc"] == [8, 8, 8]
+    fleet.record_stats(
+        "a", EngineStats(scraped_at=1.0, waiting=0.0, running=12.0)
+    )  # caps differ: no fleet cap
+    assert fleet.concurrency_of("b") is None
     state.set_models({})  # the replica went away: what was learned of it goes too
     assert "a" not in state.concurrency
 
