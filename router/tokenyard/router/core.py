@@ -44,10 +44,12 @@ def pick_max(scores: Sequence[tuple[str, float]], rng: random.Random) -> str | N
 # last when enabled (--filters ...,kvFits): it only narrows, and keeps every candidate when it fits nowhere.
 # freeSlot (plugins/free_slot.py) came from llm-d-inference-sim, an engine this project did not write, whose small
 # batch makes a request beyond it wait a whole request's time; on tokenyard.sim's tuning workloads it changes
-# nothing beyond the spread (bench-router, 3 rounds, 2026-12-06, bench/results/router-free-slot-tuning-2026-12-06.txt;
-# TTFT p99 without -> with: no_sharing 0.325 -> 0.323, shared_prefix_70 0.459 -> 0.460, shared_prefix_95 0.471 ->
-# 0.470, multi_turn 0.218 -> 0.216; tokens/s within 1%), since a vLLM-like engine's running count varies while
-# requests wait and no cap is ever confirmed there (learned_sizes.ConcurrencyCap).
+# nothing beyond the spread, since a vLLM-like engine's running count varies while requests wait and no cap is
+# confirmed there (learned_sizes.ConcurrencyCap). bench-router, 3 rounds each, 2026-12-06, TTFT p99 without ->
+# with, tokens/s within 1%: per-replica caps (bench/results/router-free-slot-tuning-2026-12-06.txt) no_sharing
+# 0.325 -> 0.323, shared_prefix_70 0.459 -> 0.460, shared_prefix_95 0.471 -> 0.470, multi_turn 0.218 -> 0.216;
+# with the fleet's cap as well (router-free-slot-fleet-tuning-2026-12-06.txt) 0.325 -> 0.336 (rounds
+# 0.29/0.41/0.29 -> 0.30/0.42/0.29), 0.462 -> 0.461, 0.473 -> 0.472, 0.217 -> 0.216.
 DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated", "freeSlot")
 # Scorer weights when a ModelDeployment gives none (spec.routing.weights uses the same keys).
 # THE RULE for every default here and in HotSpotGuard / SaturationLimits: it is chosen on bench-router's four

@@ -9,10 +9,13 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tokenyard.router.core import DEFAULT_FILTERS
 from tokenyard.router.discovery import Endpoint, Shadow
 from tokenyard.router.openai_wire import carries_token, render_chat
 from tokenyard.router.plugins.not_saturated import SaturationLimits
 from tokenyard.router.state import RouterSettings
+from tokenyard.sim.options import EngineOptions
+from tokenyard.sim.server import SimEngine
 from tokenyard.v1 import router_pb2, router_pb2_grpc
 
 from .conftest import MODEL, backends_of, parse_metric, wait_for
@@ -284,3 +287,63 @@ async def test_grpc_generate_pick_endpoint_and_health(engines, router):
         health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
         assert health.status == health_pb2.HealthCheckResponse.SERVING
     assert server.state.ledger.open_tickets() == 0
+
+
+@pytest.mark.parametrize("free_slot", [True, False])
+async def test_a_request_goes_where_it_starts_at_once_not_into_a_cached_replicas_queue(
+    router, http, free_slot
+):
+    """Engines that run one request at a time (--max-num-seqs 1). The router learns that cap from their
+    /metrics, and a second request on the first one's long prompt, which locality and token load both send to
+    the replica already serving it, goes to the idle one instead: there it starts at once, where the holder would
+    make it wait for the whole first answer. Without freeSlot it queues behind the first."""
+    fleet = []
+    for _ in range(2):
+        engine = SimEngine(EngineOptions(port=0, time_scale=1.0, served_model_name=MODEL, max_num_seqs=1))
+        await engine.start()
+        fleet.append(engine)
+    try:
+        filters = DEFAULT_FILTERS if free_slot else tuple(f for f in DEFAULT_FILTERS if f != "freeSlot")
+        server = await router(
+            backends_of(fleet), settings=RouterSettings(filters=filters), probe_interval_s=0.05
+        )
+
+        async def occupy(base_url: str, max_tokens: int) -> None:
+            body = {
+                "model": MODEL,
+                "prompt": "fill",
+                "max_tokens": max_tokens,
+                "stream": True,
+                "ignore_eos": True,
+            }
+            async with http.post(base_url + "/v1/completions", json=body) as response:
+                await response.read()
+
+        # Three requests on each engine straight from the client: one runs, two wait, and the scrapes see it.
+        fillers = [asyncio.create_task(occupy(engine.url, 150)) for engine in fleet for _ in range(3)]
+        await wait_for(
+            lambda: [server.state.concurrency_of(name) for name in ("e0", "e1")] == [1, 1],
+            what="both engines' cap of one running request to be learned",
+        )
+        for task in fillers:
+            task.cancel()  # the engines abort them when the connections close
+        await asyncio.gather(*fillers, return_exceptions=True)
+        await wait_for(
+            lambda: all(not e.core.running and not e.core.waiting for e in fleet), what="the engines idle"
+        )
+
+        long_body = {"model": MODEL, "prompt": SYSTEM_PROMPT, "max_tokens": 150, "stream": True}
+        long_body["ignore_eos"] = True
+        async with http.post(url(server, "/v1/completions"), json=long_body) as first:
+            assert first.status == 200
+            await first.content.readline()  # its first token: it runs
+            status, headers, _ = await complete(
+                http, server, SYSTEM_PROMPT + " And one more thing?", max_tokens=2
+            )
+            assert status == 200
+            same = headers["x-tokenyard-replica"] == first.headers["x-tokenyard-replica"]
+            assert same is not free_slot
+            await first.read()
+    finally:
+        for engine in fleet:
+            await engine.stop(drain_timeout_s=0.5)
