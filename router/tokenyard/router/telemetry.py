@@ -118,6 +118,12 @@ class RouterMetrics:
             ["replica"],
             registry=r,
         )
+        self.replica_concurrency = Gauge(
+            "tokenyard_router_replica_concurrency",
+            "Requests the replica runs at once, as learned from its /metrics (filter freeSlot); 0 while unknown.",
+            ["replica"],
+            registry=r,
+        )
         self.prefix_match = Histogram(
             "tokenyard_router_prefix_match_tokens",
             "Prompt tokens the chosen replica was expected to hold in its prefix cache.",
@@ -207,6 +213,7 @@ class RouterMetrics:
         self.replica_gauges = (
             self.outstanding_tokens,
             self.outstanding_requests,
+            self.replica_concurrency,
             self.replica_healthy,
             self.metrics_stale,
         )

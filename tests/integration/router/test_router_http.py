@@ -325,6 +325,11 @@ async def test_a_request_goes_where_it_starts_at_once_not_into_a_cached_replicas
             lambda: [server.state.concurrency_of(name) for name in ("e0", "e1")] == [1, 1],
             what="both engines' cap of one running request to be learned",
         )
+        # and it is shown on the router's /metrics (exported every probe interval)
+        await wait_for(
+            lambda: metric_is_one(http, server, "tokenyard_router_replica_concurrency", replica="e0"),
+            what="the learned cap on /metrics",
+        )
         for task in fillers:
             task.cancel()  # the engines abort them when the connections close
         await asyncio.gather(*fillers, return_exceptions=True)
@@ -347,3 +352,7 @@ async def test_a_request_goes_where_it_starts_at_once_not_into_a_cached_replicas
     finally:
         for engine in fleet:
             await engine.stop(drain_timeout_s=0.5)
+
+
+async def metric_is_one(http, server, name: str, **labels: str) -> bool:
+    return parse_metric(await metrics_text(http, server), name, **labels) == 1.0
