@@ -36,15 +36,19 @@ it, and whenever requests wait the running count sits at it. A vLLM-like schedul
 other reasons (a step's token budget spent on other prompts, a full KV cache), with the running count anywhere
 below its largest; so the largest running count ever scraped is taken as a cap only once CAP_CONFIRMATIONS
 scrapes found requests waiting with exactly that many running. The same is judged over all the replicas the
-router scrapes at once (the largest count on any of them, confirmed by scrapes of any of them): the replicas of
+router scrapes at once (the largest count on any of them, confirmed by scrapes of several of them): the replicas of
 a deployment run the same engine with the same flags, and the fleet confirms a cap some times faster than one
-replica does (each is scraped every 2 s), which is the time a new router routes without it. A fleet of mixed
-caps never confirms there (its largest count is only reached on some), and each replica then has its own.
+replica does (each is scraped every 2 s), which is the time a new router routes without it. The fleet needs
+FLEET_CAP_REPLICAS different replicas to have shown requests waiting at that count, rather than three scrapes
+of any: a vLLM-like running count that wanders while requests wait can touch its own largest value twice in a
+row, but two engines rarely wait at the same largest count unless that count is their limit; and the first
+saturated replicas show it within about one scrape interval of each other. A fleet of mixed caps confirms only
+the largest, which weakens the filter on the smaller ones until each has its own.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PRIOR_TOKENS = 4096.0  # the guess counts as this many observed tokens: a few requests outweigh it
 # Each observation scales the earlier sums by exp(-tokens / HALF_LIFE_TOKENS * ln 2): a change of prompt mix
@@ -103,24 +107,34 @@ class OutputLength:
         return max(1, min(max_tokens, round(self.total_tokens / self.answers)))
 
 
-CAP_CONFIRMATIONS = 3
+CAP_CONFIRMATIONS = 3  # scrapes of one replica
+FLEET_CAP_REPLICAS = 2  # replicas of the fleet, one scrape each
 
 
 @dataclass
 class ConcurrencyCap:
-    """One replica's running and waiting counts as scraped (see Concurrency above)."""
+    """One replica's running and waiting counts as scraped, or a fleet's (see Concurrency above)."""
 
     most_running: int = 0
     confirmations: int = 0  # scrapes with requests waiting and ``most_running`` running
+    witnesses: set[str] = field(default_factory=set)  # the replicas those scrapes came from
+    needed: int = CAP_CONFIRMATIONS
+    needed_replicas: int = 1
 
-    def observe(self, running: float, waiting: float) -> None:
+    @classmethod
+    def of_fleet(cls) -> ConcurrencyCap:
+        return cls(needed=FLEET_CAP_REPLICAS, needed_replicas=FLEET_CAP_REPLICAS)
+
+    def observe(self, running: float, waiting: float, replica: str = "") -> None:
         count = round(running)
         if count > self.most_running:
-            self.most_running, self.confirmations = count, 0
+            self.most_running, self.confirmations, self.witnesses = count, 0, set()
         if waiting > 0 and count == self.most_running and count >= 1:
             self.confirmations += 1
+            self.witnesses.add(replica)
 
     @property
     def cap(self) -> int | None:
         """Requests the replica runs at once; None until confirmed."""
-        return self.most_running if self.confirmations >= CAP_CONFIRMATIONS else None
+        confirmed = self.confirmations >= self.needed and len(self.witnesses) >= self.needed_replicas
+        return self.most_running if confirmed else None

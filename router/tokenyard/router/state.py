@@ -172,7 +172,7 @@ class RouterState:
         self.usage_refused: set[str] = set()
         # How many requests each replica runs at once, learned from its /metrics (record_stats): filter freeSlot.
         self.concurrency: dict[str, ConcurrencyCap] = {}
-        self.fleet_concurrency = ConcurrencyCap()  # the same, judged over every replica's scrapes
+        self.fleet_concurrency = ConcurrencyCap.of_fleet()  # the same, judged over every replica's scrapes
         self._pipelines: dict[tuple[tuple[str, float], ...] | None, Pipeline] = {}
 
     # --- views -----------------------------------------------------------------------------------------
@@ -210,8 +210,10 @@ class RouterState:
     def record_stats(self, replica: str, stats: EngineStats) -> None:
         self.stats[replica] = stats
         if stats.waiting is not None and stats.running is not None:
-            self.concurrency.setdefault(replica, ConcurrencyCap()).observe(stats.running, stats.waiting)
-            self.fleet_concurrency.observe(stats.running, stats.waiting)
+            self.concurrency.setdefault(replica, ConcurrencyCap()).observe(
+                stats.running, stats.waiting, replica
+            )
+            self.fleet_concurrency.observe(stats.running, stats.waiting, replica)
         if stats.kv_capacity_tokens:
             self.kv_capacity_tokens[replica] = stats.kv_capacity_tokens
         elif stats.num_gpu_blocks:

@@ -6,7 +6,7 @@ from tokenyard.router.accounting import PrefillRate
 from tokenyard.router.core import DEFAULT_FILTERS
 from tokenyard.router.discovery import ConfigError, Endpoint, ModelView, Shadow
 from tokenyard.router.enginestats import EngineStats, parse_engine_metrics
-from tokenyard.router.learned_sizes import CAP_CONFIRMATIONS
+from tokenyard.router.learned_sizes import CAP_CONFIRMATIONS, FLEET_CAP_REPLICAS
 from tokenyard.router.openai_wire import prompt_of, render_chat
 from tokenyard.router.state import RouterState, RoutingError, routing_block_size
 
@@ -82,10 +82,13 @@ def test_a_replicas_concurrency_is_learned_when_it_reports_requests_waiting():
     assert state.snapshot(endpoint, now=2.0).concurrency is None
     # a replica of the same fleet with no cap of its own takes the fleet's
     fleet = state_with([Endpoint(name, f"http://{name}") for name in "abc"])
-    for name in "abc":
-        assert fleet.concurrency_of(name) is None
-        fleet.record_stats(name, EngineStats(scraped_at=0.0, waiting=1.0, running=8.0))  # once each
+    fleet.record_stats("a", EngineStats(scraped_at=0.0, waiting=1.0, running=8.0))
+    fleet.record_stats("a", EngineStats(scraped_at=1.0, waiting=1.0, running=8.0))
+    assert fleet.concurrency_of("c") is None  # one replica twice: it could be its wandering count
+    assert FLEET_CAP_REPLICAS == 2
+    fleet.record_stats("b", EngineStats(scraped_at=1.0, waiting=1.0, running=8.0))  # a second replica at it
     assert [fleet.concurrency_of(name) for name in "abc"] == [8, 8, 8]
+    assert fleet.concurrency["a"].cap is None  # one scrape of its own is not enough for a replica
     fleet.record_stats(
         "a", EngineStats(scraped_at=1.0, waiting=0.0, running=12.0)
     )  # caps differ: no fleet cap
