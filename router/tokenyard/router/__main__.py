@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         "its prefill holds back (default: off)",
     )
     route.add_argument(
+        "--guarded-load",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="a replica the hot-spot guard holds gets no cached-prefix discount in outstandingTokens either "
+        "(default: off)",
+    )
+    route.add_argument(
         "--prefill-progress",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -285,6 +292,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         miss_penalty=args.miss_penalty,
         prefix_feedback=args.prefix_feedback,
         prefill_interference=args.prefill_interference,
+        guarded_load=args.guarded_load,
         prefill_progress=args.prefill_progress,
         stream_usage=args.stream_usage,
     )

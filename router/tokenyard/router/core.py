@@ -113,6 +113,7 @@ class Pipeline:
         saturation: SaturationLimits | None = None,
         miss_penalty: float = DEFAULT_MISS_PENALTY,
         prefill_interference: bool = False,
+        guarded_load: bool = False,
     ) -> Pipeline:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         scorers: list[tuple[Scorer, float]] = []
@@ -124,6 +125,8 @@ class Pipeline:
             options: dict[str, Any] = {"guard": guard} if name == "prefixCache" and guard else {}
             if name == "outstandingTokens":
                 options = {"miss_penalty": miss_penalty, "prefill_interference": prefill_interference}
+                if guarded_load:
+                    options["guard"] = guard or HotSpotGuard()
             scorers.append((Scorer.build(name, **options), float(weight)))  # type: ignore[arg-type]
         filter_options: dict[str, dict[str, Any]] = {"notSaturated": {"limits": saturation}}
         built = [Filter.build(name, **filter_options.get(name, {})) for name in filters]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenyard.router.framework import ReplicaSnapshot, RoutingRequest, Scorer
+from tokenyard.router.plugins.prefix_cache import HotSpotGuard
 
 
 def expected_load(
@@ -12,6 +13,7 @@ def expected_load(
     replica: ReplicaSnapshot,
     miss_penalty: float = 0.0,
     prefill_interference: bool = False,
+    cache_counts: bool = True,
 ) -> float:
     """Outstanding tokens on the replica if this request went there: what it already owes plus the part of
     this prompt it would have to prefill (its cached prefix excluded). Both are tokens, so locality and load
@@ -24,8 +26,12 @@ def expected_load(
     engine's step carries its prefill chunks and its running requests' next tokens together, so a prompt's
     prefill holds back every request running there for as long as it takes: placed beside n running requests,
     a miss costs them n times its prefill time in all (a request in flight is one more that waits). Off by
-    default: it steadied zipf_tenants' tail but raised TTFT p99 on two tuning workloads (core.py, issue 14)."""
-    uncached = max(0, request.prompt_tokens - request.prefix_match_tokens.get(replica.name, 0))
+    default: it steadied zipf_tenants' tail but raised TTFT p99 on two tuning workloads (core.py, issue 14).
+
+    ``cache_counts`` False: the replica's cached prefix saves it nothing here (the hot-spot guard holds it, see
+    OutstandingTokensScorer)."""
+    cached = request.prefix_match_tokens.get(replica.name, 0) if cache_counts else 0
+    uncached = max(0, request.prompt_tokens - cached)
     per_token = 1.0 + miss_penalty
     if prefill_interference:
         per_token += replica.outstanding_requests
@@ -33,14 +39,25 @@ def expected_load(
 
 
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
+    """``expected_load`` of each candidate, lower is better.
+
+    ``guard``: a replica the hot-spot guard holds (prefix_cache.HotSpotGuard: far more tokens or requests in
+    flight than the least-loaded candidate) is scored as if it cached none of the prompt. Without it, the guard
+    only withholds prefixCache's credit, while this score still prices the holder's cache as prefill saved, so a
+    popular prefix keeps drawing requests to its holder whatever it already runs."""
+
     higher_is_better = False
 
-    def __init__(self, miss_penalty: float = 0.0, prefill_interference: bool = False) -> None:
+    def __init__(
+        self, miss_penalty: float = 0.0, prefill_interference: bool = False, guard: HotSpotGuard | None = None
+    ) -> None:
         self.miss_penalty = miss_penalty
         self.prefill_interference = prefill_interference
+        self.guard = guard
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
+        admitted = self.guard.admits(candidates) if self.guard else [True] * len(candidates)
         return [
-            expected_load(request, replica, self.miss_penalty, self.prefill_interference)
-            for replica in candidates
+            expected_load(request, replica, self.miss_penalty, self.prefill_interference, cache_counts)
+            for replica, cache_counts in zip(candidates, admitted, strict=True)
         ]

@@ -41,6 +41,13 @@ class HotSpotGuard:
         request_limit = self.request_bound(min(requests))
         return [load <= limit and count <= request_limit for load, count in zip(loads, requests, strict=True)]
 
+    def admits(self, candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
+        """For each candidate, whether its locality may count (``eligible`` on its tokens and requests)."""
+        return self.eligible(
+            [replica.outstanding_tokens for replica in candidates],
+            [replica.outstanding_requests for replica in candidates],
+        )
+
 
 class PrefixCacheScorer(Scorer, name="prefixCache"):
     """Prompt tokens the replica most likely still caches, with the hot-spot guard applied."""
@@ -49,10 +56,7 @@ class PrefixCacheScorer(Scorer, name="prefixCache"):
         self.guard = guard or HotSpotGuard()
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
-        eligible = self.guard.eligible(
-            [replica.outstanding_tokens for replica in candidates],
-            [replica.outstanding_requests for replica in candidates],
-        )
+        eligible = self.guard.admits(candidates)
         request.state.hotspot_guarded = [
             replica.name for replica, ok in zip(candidates, eligible, strict=True) if not ok
         ]
