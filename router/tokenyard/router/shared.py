@@ -3,7 +3,9 @@
 Each router publishes its own absolute per-replica load (a hash with a TTL, refreshed every sync) and reads
 its live peers' loads, so a router that dies stops counting when its key expires and nothing needs repair
 after an outage: the next publish overwrites the stale value. Prefix-index inserts go on a capped stream that
-every router reads, skipping its own. While Redis is away the router routes on local state, says so (metric
+every router reads, skipping its own. The engines' concurrency caps each router has confirmed go in one hash
+all routers share (RouterState.peer_caps), so a router that starts beside its peers, or after them all
+restarted within CAPS_TTL_S, knows the caps at once instead of learning them anew. While Redis is away the router routes on local state, says so (metric
 ``tokenyard_router_redis_up`` 0, one log line per transition), keeps its inserts in a bounded outbox, and on
 reconnect publishes them and its current loads (the local deltas) before reading its peers again.
 """
@@ -28,6 +30,9 @@ log = logging.getLogger("tokenyard.router")
 OUTBOX_LIMIT = 20_000  # prefix inserts kept while Redis is away (newest kept)
 STREAM_MAXLEN = 20_000
 CATCH_UP_ENTRIES = 2_000  # prefix inserts a router reads from history when it (re)joins
+# The shared caps outlive every router for this long after the last publish: an engine's cap is a property of
+# its flags, which outlast any router restart; a cap a router sees contradicted is deleted at once.
+CAPS_TTL_S = 3600
 
 
 def redis_keys(prefix: str, router_id: str = "") -> dict[str, str]:
@@ -36,6 +41,7 @@ def redis_keys(prefix: str, router_id: str = "") -> dict[str, str]:
         "routers": f"{prefix}:routers",
         "load": f"{prefix}:load:{router_id}",
         "prefix": f"{prefix}:prefix",
+        "caps": f"{prefix}:caps",
     }
 
 
@@ -117,6 +123,13 @@ class RedisShare:
             pipe.hset(self.keys["load"], mapping={n: f"{ld.tokens},{ld.requests}" for n, ld in loads.items()})
         pipe.expire(self.keys["load"], max(1, int(self.ttl_s + 0.999)))
         pipe.zadd(self.keys["routers"], {self.router_id: self.wall_clock()})
+        caps = self.state.confirmed_caps()
+        if caps:
+            pipe.hset(self.keys["caps"], mapping={name: str(cap) for name, cap in caps.items()})
+            pipe.expire(self.keys["caps"], CAPS_TTL_S)
+        contradicted = self.state.contradicted_peer_caps()
+        if contradicted:
+            pipe.hdel(self.keys["caps"], *contradicted)
         for replica, hashes, private in outbox:
             pipe.xadd(
                 self.keys["prefix"],
@@ -144,6 +157,8 @@ class RedisShare:
                     total.tokens += int(tokens)
                     total.requests += int(requests or 0)
         self.state.peer_loads = totals
+        shared_caps = await self.client.hgetall(self.keys["caps"])
+        self.state.peer_caps = {name.decode(): int(cap) for name, cap in shared_caps.items()}
         await self._read_prefix_stream()
 
     async def _read_prefix_stream(self) -> None:

@@ -174,6 +174,7 @@ class RouterState:
         # How many requests each replica runs at once, learned from its /metrics (record_stats): filter freeSlot.
         self.concurrency: dict[str, ConcurrencyCap] = {}
         self.fleet_concurrency = ConcurrencyCap.of_fleet()  # the same, judged over every replica's scrapes
+        self.peer_caps: dict[str, int] = {}  # caps any router confirmed, shared through Redis (shared.py)
         self._pipelines: dict[tuple[tuple[str, float], ...] | None, Pipeline] = {}
 
     # --- views -----------------------------------------------------------------------------------------
@@ -299,9 +300,27 @@ class RouterState:
         )
 
     def concurrency_of(self, replica: str) -> int | None:
-        """Requests ``replica`` runs at once: its own confirmed cap, else the fleet's, else unknown."""
+        """Requests ``replica`` runs at once: the cap this router confirmed for it, else the one its peers
+        confirmed (unless this router has seen it run more), else the fleet's, else unknown."""
         own = self.concurrency.get(replica)
-        return own.cap if own is not None and own.cap is not None else self.fleet_concurrency.cap
+        if own is not None and own.cap is not None:
+            return own.cap
+        peer = self.peer_caps.get(replica)
+        if peer is not None and (own is None or own.most_running <= peer):
+            return peer
+        return self.fleet_concurrency.cap
+
+    def confirmed_caps(self) -> dict[str, int]:
+        """The caps this router has confirmed itself, by replica (what it shares with its peers)."""
+        return {name: learned.cap for name, learned in self.concurrency.items() if learned.cap is not None}
+
+    def contradicted_peer_caps(self) -> list[str]:
+        """Replicas whose shared cap this router has seen exceeded: an engine restarted with a larger one."""
+        return [
+            name
+            for name, cap in self.peer_caps.items()
+            if name in self.concurrency and self.concurrency[name].most_running > cap
+        ]
 
     def _prefill_done(self, replica: str, now: float) -> float:
         return self.ledger.prefill_done(replica, now) if self.settings.prefill_progress else 0.0

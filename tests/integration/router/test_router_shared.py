@@ -5,7 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 from tokenyard.router.discovery import Endpoint, ModelView
-from tokenyard.router.shared import RedisShare, pack_hashes
+from tokenyard.router.enginestats import EngineStats
+from tokenyard.router.learned_sizes import CAP_CONFIRMATIONS
+from tokenyard.router.shared import CAPS_TTL_S, RedisShare, pack_hashes
 from tokenyard.router.state import RouterSettings, RouterState
 from tokenyard.router.telemetry import RouterMetrics
 from tokenyard.v1 import router_pb2, router_pb2_grpc
@@ -142,6 +144,44 @@ async def test_peers_learn_the_blocks_a_request_fills_beyond_its_prompt(redis_se
         await a.client.xadd(a.keys["prefix"], {"r": "old", "n": "e1", "h": pack_hashes((1, 2, 3))})
         await b.sync_once()
         assert len(b_state.index.replica("e1")) == 3
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_router_starts_with_the_caps_its_peers_confirmed(redis_server):
+    """Router a confirms an engine's concurrency cap from its scrapes; router b, which has scraped nothing, reads
+    it from Redis at its next sync; once b sees the engine run more than that (restarted with a larger cap),
+    it stops trusting the shared cap and deletes it for everyone."""
+
+    def state() -> RouterState:
+        routing = RouterState(RouterSettings())
+        routing.set_models(
+            {MODEL: ModelView(served_name=MODEL, endpoints=(Endpoint(name="e0", url="http://x"),))}
+        )
+        return routing
+
+    a_state, b_state = state(), state()
+    a = RedisShare(redis_server.url, a_state, RouterMetrics(), router_id="a", key_prefix="caps-test")
+    b = RedisShare(redis_server.url, b_state, RouterMetrics(), router_id="b", key_prefix="caps-test")
+    try:
+        for _ in range(CAP_CONFIRMATIONS):
+            a_state.record_stats("e0", EngineStats(scraped_at=0.0, waiting=2.0, running=8.0))
+        assert a_state.concurrency_of("e0") == 8
+        await b.sync_once()
+        assert b.up and b_state.concurrency_of("e0") is None  # nothing shared yet
+        await a.sync_once()
+        await b.sync_once()
+        assert b_state.concurrency_of("e0") == 8
+        assert 0 < await b.client.ttl(b.keys["caps"]) <= CAPS_TTL_S
+
+        b_state.record_stats("e0", EngineStats(scraped_at=1.0, waiting=0.0, running=11.0))
+        assert b_state.concurrency_of("e0") is None
+        a_state.record_stats("e0", EngineStats(scraped_at=1.0, waiting=0.0, running=11.0))  # a sees it too
+        await b.sync_once()
+        assert await b.client.hget(b.keys["caps"], "e0") is None
+        await a.sync_once()  # a's own cap was reset by the larger count: nothing to publish again
+        assert await a.client.hget(a.keys["caps"], "e0") is None
     finally:
         await a.close()
         await b.close()

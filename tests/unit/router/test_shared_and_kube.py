@@ -15,7 +15,12 @@ def test_block_hashes_survive_the_redis_encoding(hashes):
 
 def test_redis_keys_are_built_in_one_place():
     keys = redis_keys("ty", "router-a")
-    assert keys == {"routers": "ty:routers", "load": "ty:load:router-a", "prefix": "ty:prefix"}
+    assert keys == {
+        "routers": "ty:routers",
+        "load": "ty:load:router-a",
+        "prefix": "ty:prefix",
+        "caps": "ty:caps",
+    }
 
 
 def test_kube_discovery_feeds_the_pure_function_and_forgets_gone_replicas():

@@ -303,3 +303,19 @@ def test_cli_switch_for_prefill_progress():
     assert not options_from_args(plain).settings.prefill_progress
     on = parser.parse_args(["--backend", "a=http://127.0.0.1:1", "--prefill-progress"])
     assert options_from_args(on).settings.prefill_progress
+
+
+def test_a_cap_a_peer_confirmed_serves_until_this_router_sees_it_exceeded():
+    state = state_with([Endpoint(name, f"http://{name}") for name in "ab"])
+    state.peer_caps = {"a": 8}
+    assert state.concurrency_of("a") == 8 and state.concurrency_of("b") is None  # b: nobody confirmed one
+    assert state.confirmed_caps() == {}  # a peer's cap is not this router's to share
+    state.record_stats("a", EngineStats(scraped_at=0.0, waiting=0.0, running=6.0))
+    assert state.concurrency_of("a") == 8 and state.contradicted_peer_caps() == []
+    state.record_stats(
+        "a", EngineStats(scraped_at=1.0, waiting=0.0, running=12.0)
+    )  # restarted with a larger cap
+    assert state.concurrency_of("a") is None and state.contradicted_peer_caps() == ["a"]
+    for _ in range(CAP_CONFIRMATIONS):
+        state.record_stats("a", EngineStats(scraped_at=2.0, waiting=3.0, running=12.0))
+    assert state.concurrency_of("a") == 12 and state.confirmed_caps() == {"a": 12}
