@@ -36,9 +36,10 @@ it, and whenever requests wait the running count sits at it. A vLLM-like schedul
 other reasons (a step's token budget spent on other prompts, a full KV cache), with the running count anywhere
 below its largest; so the largest running count ever scraped is taken as a cap only once CAP_CONFIRMATIONS
 scrapes found requests waiting with exactly that many running. The same is judged over all the replicas the
-router scrapes at once (the largest count on any of them, confirmed by scrapes of several of them): the replicas of
-a deployment run the same engine with the same flags, and the fleet confirms a cap some times faster than one
-replica does (each is scraped every 2 s), which is the time a new router routes without it. The fleet needs
+router scrapes at once (the largest count on any of them, confirmed by scrapes of several of them): the
+replicas of a deployment run the same engine with the same flags, and the fleet confirms a cap some times
+faster than one replica does (each is scraped every 2 s), which is the time a new router routes without it.
+Routers that share Redis also share the caps they confirm (shared.py). The fleet needs
 FLEET_CAP_REPLICAS different replicas to have shown requests waiting at that count, rather than three scrapes
 of any: a vLLM-like running count that wanders while requests wait can touch its own largest value twice in a
 row, but two engines rarely wait at the same largest count unless that count is their limit; and the first

@@ -3,11 +3,13 @@
 Each router publishes its own absolute per-replica load (a hash with a TTL, refreshed every sync) and reads
 its live peers' loads, so a router that dies stops counting when its key expires and nothing needs repair
 after an outage: the next publish overwrites the stale value. Prefix-index inserts go on a capped stream that
-every router reads, skipping its own. The engines' concurrency caps each router has confirmed go in one hash
-all routers share (RouterState.peer_caps), so a router that starts beside its peers, or after them all
-restarted within CAPS_TTL_S, knows the caps at once instead of learning them anew. While Redis is away the router routes on local state, says so (metric
+every router reads, skipping its own. While Redis is away the router routes on local state, says so (metric
 ``tokenyard_router_redis_up`` 0, one log line per transition), keeps its inserts in a bounded outbox, and on
 reconnect publishes them and its current loads (the local deltas) before reading its peers again.
+
+The engines' concurrency caps each router has confirmed (learned_sizes.ConcurrencyCap) go in one hash all
+routers share (RouterState.peer_caps), so a router that starts beside its peers, or after all of them restarted
+within CAPS_TTL_S, knows the caps at once instead of learning them anew. They stay known while Redis is away.
 """
 
 from __future__ import annotations
