@@ -41,10 +41,13 @@ def expected_load(
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     """``expected_load`` of each candidate, lower is better.
 
-    ``guard``: a replica the hot-spot guard holds (prefix_cache.HotSpotGuard: far more tokens or requests in
-    flight than the least-loaded candidate) is scored as if it cached none of the prompt. Without it, the guard
-    only withholds prefixCache's credit, while this score still prices the holder's cache as prefill saved, so a
-    popular prefix keeps drawing requests to its holder whatever it already runs."""
+    ``guard``: a replica with far more requests in flight than the fewest among the candidates (the hot-spot
+    guard's request bound, prefix_cache.HotSpotGuard) is scored as if it cached none of the prompt. Tokens
+    cannot see a request's slot: a request whose prompt is cached owes few prefill tokens yet holds a place in
+    the engine's batch for its whole answer, and past the engine's concurrency cap it waits for a running one
+    to end. Priced only in tokens, a popular prefix's holder looks cheapest however many requests it already
+    runs, and the guard's withholding of prefixCache's credit alone does not stop it. The guard's token bound
+    is not applied here: the tokens are this score's own measure."""
 
     higher_is_better = False
 
@@ -56,7 +59,7 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
         self.guard = guard
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
-        admitted = self.guard.admits(candidates) if self.guard else [True] * len(candidates)
+        admitted = self.guard.admits_requests(candidates) if self.guard else [True] * len(candidates)
         return [
             expected_load(request, replica, self.miss_penalty, self.prefill_interference, cache_counts)
             for replica, cache_counts in zip(candidates, admitted, strict=True)

@@ -41,6 +41,13 @@ class HotSpotGuard:
         request_limit = self.request_bound(min(requests))
         return [load <= limit and count <= request_limit for load, count in zip(loads, requests, strict=True)]
 
+    def admits_requests(self, candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
+        """For each candidate, whether its requests in flight are within ``request_bound`` of the fewest."""
+        if not candidates:
+            return []
+        limit = self.request_bound(min(replica.outstanding_requests for replica in candidates))
+        return [replica.outstanding_requests <= limit for replica in candidates]
+
     def admits(self, candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
         """For each candidate, whether its locality may count (``eligible`` on its tokens and requests)."""
         return self.eligible(
