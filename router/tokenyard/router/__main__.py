@@ -164,9 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     route.add_argument(
         "--guarded-load",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="a replica the hot-spot guard holds gets no cached-prefix discount in outstandingTokens either "
-        "(default: off)",
+        default=True,
+        help="a replica with far more requests in flight than the fewest (the hot-spot guard's request bound) "
+        "gets no cached-prefix discount in outstandingTokens (default: on)",
     )
     route.add_argument(
         "--prefill-progress",
