@@ -115,21 +115,28 @@ async def test_two_routers_share_prefixes_and_load_and_survive_redis_loss(
     await wait_for(b_learned_outage_prefix, 10, "router b to learn what a routed during the outage")
 
 
+def share_pair(redis_server, key_prefix: str) -> tuple[RedisShare, RedisShare]:
+    """Two routers' Redis sharing in this process (a and b), each over its own state of one model on e0."""
+
+    def share(router_id: str) -> RedisShare:
+        routing = RouterState(RouterSettings())
+        routing.set_models(
+            {MODEL: ModelView(served_name=MODEL, endpoints=(Endpoint(name="e0", url="http://x"),))}
+        )
+        return RedisShare(
+            redis_server.url, routing, RouterMetrics(), router_id=router_id, key_prefix=key_prefix
+        )
+
+    return share("a"), share("b")
+
+
 async def test_peers_learn_the_blocks_a_request_fills_beyond_its_prompt(redis_server):
     """The index's private-block count travels through the Redis stream with the prompt's hashes, so a peer's
     index ages prefixes out as fast as the routing router's; entries from routers that predate the field
     count none."""
 
-    def state() -> RouterState:
-        routing = RouterState(RouterSettings())
-        routing.set_models(
-            {MODEL: ModelView(served_name=MODEL, endpoints=(Endpoint(name="e0", url="http://x"),))}
-        )
-        return routing
-
-    a_state, b_state = state(), state()
-    a = RedisShare(redis_server.url, a_state, RouterMetrics(), router_id="a", key_prefix="private-test")
-    b = RedisShare(redis_server.url, b_state, RouterMetrics(), router_id="b", key_prefix="private-test")
+    a, b = share_pair(redis_server, "private-test")
+    a_state, b_state = a.state, b.state
     try:
         await b.sync_once()  # b joins first and reads from here on
         a_state.route(MODEL, SYSTEM_PROMPT, max_tokens=100, now=0.0)
@@ -154,16 +161,8 @@ async def test_a_router_starts_with_the_caps_its_peers_confirmed(redis_server):
     it from Redis at its next sync; once b sees the engine run more than that (restarted with a larger cap),
     it stops trusting the shared cap and deletes it for everyone."""
 
-    def state() -> RouterState:
-        routing = RouterState(RouterSettings())
-        routing.set_models(
-            {MODEL: ModelView(served_name=MODEL, endpoints=(Endpoint(name="e0", url="http://x"),))}
-        )
-        return routing
-
-    a_state, b_state = state(), state()
-    a = RedisShare(redis_server.url, a_state, RouterMetrics(), router_id="a", key_prefix="caps-test")
-    b = RedisShare(redis_server.url, b_state, RouterMetrics(), router_id="b", key_prefix="caps-test")
+    a, b = share_pair(redis_server, "caps-test")
+    a_state, b_state = a.state, b.state
     try:
         for _ in range(CAP_CONFIRMATIONS):
             a_state.record_stats("e0", EngineStats(scraped_at=0.0, waiting=2.0, running=8.0))
