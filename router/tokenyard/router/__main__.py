@@ -164,9 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     route.add_argument(
         "--guarded-load",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="a replica with far more requests in flight than the fewest (the hot-spot guard's request bound) "
-        "gets no cached-prefix discount in outstandingTokens (default: on)",
+        "gets no cached-prefix discount in outstandingTokens (default: off)",
     )
     route.add_argument(
         "--prefill-progress",

@@ -91,15 +91,19 @@ DEFAULT_MISS_PENALTY = 0.5
 #   won multi_turn (p99 0.204 -> 0.174 s, 1,379 -> 1,455 tok/s, imbalance 2.8 -> 1.4) but raised p99 on
 #   shared_prefix_70 (0.469 -> 0.542 s) and shared_prefix_95 (0.552 -> 0.715 s) and cost no_sharing 6% of its
 #   tokens/s (774 -> 724), so by the rule above it stays off.
-# outstandingTokens under the hot-spot guard's request bound (guarded_load, plugins/outstanding_tokens.py; off with
-# --no-guarded-load): found on llm-d-inference-sim, whose 8-request batch made a prefix holder with 13 requests
+# outstandingTokens under the hot-spot guard's request bound (guarded_load, plugins/outstanding_tokens.py; on with
+# --guarded-load), NOT a default: found on llm-d-inference-sim, whose 8-request batch made a prefix holder with 13 requests
 # in flight the load score's best choice (README, "On an engine nobody here wrote"). On tokenyard.sim's tuning
 # workloads it is neutral (bench/results/router-guarded-load-tuning-2026-12-06.txt, 3 rounds; p90 / p99 s and
 # tokens/s without -> with): shared_prefix_70 0.419 / 0.459, 1,462 -> 0.430 / 0.467, 1,486; shared_prefix_95
 # 0.423 / 0.473, 1,799 -> 0.427 / 0.471, 1,782; multi_turn 0.175 / 0.231, 1,370 -> 0.148 / 0.229, 1,343;
 # no_sharing has no shared prefix and decides alike. Its first form, holding on the guard's token bound as well,
 # raised shared_prefix_95's p99 to 0.771 (router-guarded-load-both-bounds-tuning-2026-12-06.txt): tokens are the
-# load score's own measure, and a second bound on them only took requests off their holders.
+# load score's own measure, and a second bound on them only took requests off their holders. It was a default for
+# an hour: reported on the held-out families of tokenyard.sim it cost zipf_tenants 36% of its closed-loop tokens/s
+# (532 -> 340) and raised tenant_surge's p99 (0.458 -> 0.826; bench/results/router-guarded-load-held-out-
+# 2026-12-06.txt). Shipping a known loss that size is worse than the rule's letter; the mechanism needs fixing
+# (its request bound is far tighter than a many-tenant closed loop's natural spread) before it is a default.
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,
@@ -122,7 +126,7 @@ class Pipeline:
         saturation: SaturationLimits | None = None,
         miss_penalty: float = DEFAULT_MISS_PENALTY,
         prefill_interference: bool = False,
-        guarded_load: bool = True,
+        guarded_load: bool = False,
     ) -> Pipeline:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         scorers: list[tuple[Scorer, float]] = []

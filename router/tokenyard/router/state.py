@@ -97,7 +97,7 @@ class RouterSettings:
     retry_after_s: int = 1
     miss_penalty: float = DEFAULT_MISS_PENALTY  # see plugins.outstanding_tokens.expected_load
     prefill_interference: bool = False  # likewise
-    guarded_load: bool = True  # the hot-spot guard holds outstandingTokens' cache discount too (core.py)
+    guarded_load: bool = False  # the hot-spot guard holds outstandingTokens' cache discount too (core.py)
     # Count the prefill a replica has likely done on our oldest open prompt there (accounting.LoadLedger.prefill_done).
     # Off by default: on bench-router's tuning workloads (one run, 3 rounds, 2026-12-04, BENCH_VARIANTS) it removed
     # no_sharing's burst tail (TTFT p99 0.320 -> 0.270 s, rounds 0.31/0.41/0.30 -> 0.27/0.27/0.27; round robin

@@ -271,20 +271,21 @@ def test_a_cached_prefix_does_not_draw_a_request_into_an_engines_queue():
 def test_guarded_load_stops_a_holder_drawing_requests_past_the_guard():
     """The prefix holder already runs 13 requests, the others 2: the guard withholds prefixCache's credit, but the
     load score alone still prices the holder's cache as prefill saved and sends the request there; with
-    guarded_load (a default) the holder's cache saves it nothing until its requests come back within the
+    guarded_load (opt-in) the holder's cache saves it nothing until its requests come back within the
     guard's request bound."""
     replicas = [
         snap("holder", outstanding_tokens=1_700, outstanding_requests=13),
         snap("cold", outstanding_tokens=300, outstanding_requests=2),
     ]
     matches = {"holder": 1_500}
-    unguarded = Pipeline.from_config(guarded_load=False)
-    plain = unguarded.decide(request(1_600, matches), replicas, random.Random(1))
+    plain = Pipeline.from_config().decide(request(1_600, matches), replicas, random.Random(1))
     assert plain.replica is not None and plain.replica.name == "holder"
-    guarded = Pipeline.from_config().decide(request(1_600, matches), replicas, random.Random(1))
+    guarded = Pipeline.from_config(guarded_load=True).decide(
+        request(1_600, matches), replicas, random.Random(1)
+    )
     assert guarded.replica is not None and guarded.replica.name == "cold"
     # within the request bound the cache still counts: the holder with 5 requests keeps the request, though it
     # owes far more tokens than the cold replica (tokens are the score's own measure)
     near = [snap("holder", outstanding_tokens=2_300, outstanding_requests=5), replicas[1]]
-    kept = Pipeline.from_config().decide(request(1_600, matches), near, random.Random(1))
+    kept = Pipeline.from_config(guarded_load=True).decide(request(1_600, matches), near, random.Random(1))
     assert kept.replica is not None and kept.replica.name == "holder"
