@@ -147,19 +147,21 @@ class RedisShare:
         await self.client.zremrangebyscore(self.keys["routers"], "-inf", now_wall - self.ttl_s)
         peers = [p.decode() for p in await self.client.zrange(self.keys["routers"], 0, -1)]
         peers = [p for p in peers if p != self.router_id]
+        # One round trip for the shared caps and every peer's loads (caps first, so the pipeline
+        # is never empty and its first reply is always the caps hash).
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys["caps"])
+        for peer in peers:
+            pipe.hgetall(redis_keys(self.key_prefix, peer)["load"])
+        shared_caps, *peer_loads = await pipe.execute()
         totals: dict[str, ReplicaLoad] = {}
-        if peers:
-            pipe = self.client.pipeline(transaction=False)
-            for peer in peers:
-                pipe.hgetall(redis_keys(self.key_prefix, peer)["load"])
-            for loads in await pipe.execute():
-                for name, value in loads.items():
-                    tokens, _, requests = value.decode().partition(",")
-                    total = totals.setdefault(name.decode(), ReplicaLoad())
-                    total.tokens += int(tokens)
-                    total.requests += int(requests or 0)
+        for loads in peer_loads:
+            for name, value in loads.items():
+                tokens, _, requests = value.decode().partition(",")
+                total = totals.setdefault(name.decode(), ReplicaLoad())
+                total.tokens += int(tokens)
+                total.requests += int(requests or 0)
         self.state.peer_loads = totals
-        shared_caps = await self.client.hgetall(self.keys["caps"])
         self.state.peer_caps = {name.decode(): int(cap) for name, cap in shared_caps.items()}
         await self._read_prefix_stream()
 
