@@ -268,14 +268,14 @@ def test_a_cached_prefix_does_not_draw_a_request_into_an_engines_queue():
 # --- outstandingTokens under the hot-spot guard -------------------------------------------------------------
 
 
-def test_guarded_load_stops_a_holder_drawing_requests_past_the_guard():
-    """The prefix holder already runs 13 requests, the others 2: the guard withholds prefixCache's credit, but the
-    load score alone still prices the holder's cache as prefill saved and sends the request there; with
-    guarded_load (opt-in) the holder's cache saves it nothing until its requests come back within the
-    guard's request bound."""
+def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
+    """Every replica is at its learned cap of 2 (freeSlot keeps them all); the prefix holder already runs 13
+    requests, the other 2: the guard withholds prefixCache's credit, but the load score alone still prices the
+    holder's cache as prefill saved and sends the request there; with guarded_load the holder's cache saves it
+    nothing until its requests come back within the guard's request bound (1.5 x 2 + 4 = 7)."""
     replicas = [
-        snap("holder", outstanding_tokens=1_700, outstanding_requests=13),
-        snap("cold", outstanding_tokens=300, outstanding_requests=2),
+        snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=2),
+        snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=2),
     ]
     matches = {"holder": 1_500}
     plain = Pipeline.from_config().decide(request(1_600, matches), replicas, random.Random(1))
@@ -286,6 +286,20 @@ def test_guarded_load_stops_a_holder_drawing_requests_past_the_guard():
     assert guarded.replica is not None and guarded.replica.name == "cold"
     # within the request bound the cache still counts: the holder with 5 requests keeps the request, though it
     # owes far more tokens than the cold replica (tokens are the score's own measure)
-    near = [snap("holder", outstanding_tokens=2_300, outstanding_requests=5), replicas[1]]
+    near = [snap("holder", outstanding_tokens=2_300, outstanding_requests=5, concurrency=2), replicas[1]]
     kept = Pipeline.from_config(guarded_load=True).decide(request(1_600, matches), near, random.Random(1))
     assert kept.replica is not None and kept.replica.name == "holder"
+
+
+def test_guarded_load_leaves_the_cache_its_credit_where_the_holder_would_start_the_request_at_once():
+    """Past the request bound but below its cap (or with no cap known) the holder starts the request at once,
+    so its cached prefix is prefill saved and the request goes there."""
+    for cap in (16, None):
+        replicas = [
+            snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=cap),
+            snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=cap),
+        ]
+        decision = Pipeline.from_config(guarded_load=True).decide(
+            request(1_600, {"holder": 1_500}), replicas, random.Random(1)
+        )
+        assert decision.replica is not None and decision.replica.name == "holder", cap

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tokenyard.router.framework import Filter, ReplicaSnapshot, RoutingRequest
 
 
@@ -20,14 +22,21 @@ class FreeSlotFilter(Filter, name="freeSlot"):
     cap is the engine's own, as observed."""
 
     def apply(self, request: RoutingRequest, candidates: list[ReplicaSnapshot]) -> list[ReplicaSnapshot]:
-        caps = [replica.concurrency for replica in candidates if replica.concurrency is not None]
-        if not caps:
-            return list(candidates)
-        fleet_cap = min(caps)
-        kept = [
-            replica
-            for replica in candidates
-            if replica.outstanding_requests
-            < (replica.concurrency if replica.concurrency is not None else fleet_cap)
-        ]
+        kept = [replica for replica, free in zip(candidates, has_free_slot(candidates), strict=True) if free]
         return kept or list(candidates)
+
+
+def slot_caps(candidates: Sequence[ReplicaSnapshot]) -> list[int | None]:
+    """Each candidate's concurrency cap as freeSlot judges it: its own, else the smallest confirmed among the
+    candidates, else None (no cap known anywhere)."""
+    confirmed = [replica.concurrency for replica in candidates if replica.concurrency is not None]
+    fleet_cap = min(confirmed) if confirmed else None
+    return [replica.concurrency if replica.concurrency is not None else fleet_cap for replica in candidates]
+
+
+def has_free_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
+    """For each candidate, whether a request sent now would start at once (True where no cap is known)."""
+    return [
+        cap is None or replica.outstanding_requests < cap
+        for replica, cap in zip(candidates, slot_caps(candidates), strict=True)
+    ]

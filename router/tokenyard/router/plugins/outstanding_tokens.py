@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenyard.router.framework import ReplicaSnapshot, RoutingRequest, Scorer
+from tokenyard.router.plugins.free_slot import has_free_slot
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
 
 
@@ -41,13 +42,20 @@ def expected_load(
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     """``expected_load`` of each candidate, lower is better.
 
-    ``guard``: a replica with far more requests in flight than the fewest among the candidates (the hot-spot
-    guard's request bound, prefix_cache.HotSpotGuard) is scored as if it cached none of the prompt. Tokens
-    cannot see a request's slot: a request whose prompt is cached owes few prefill tokens yet holds a place in
-    the engine's batch for its whole answer, and past the engine's concurrency cap it waits for a running one
-    to end. Priced only in tokens, a popular prefix's holder looks cheapest however many requests it already
-    runs, and the guard's withholding of prefixCache's credit alone does not stop it. The guard's token bound
-    is not applied here: the tokens are this score's own measure."""
+    ``guard``: a replica that would queue the request (its requests in flight at or past its learned
+    concurrency cap, free_slot.has_free_slot) and has far more requests in flight than the fewest among the
+    candidates (the hot-spot guard's request bound, prefix_cache.HotSpotGuard) is scored as if it cached none
+    of the prompt. Tokens cannot see a request's slot: a request whose prompt is cached owes few prefill tokens
+    yet holds a place in the engine's batch for its whole answer, and past the engine's cap it waits for a
+    running one to end. Priced only in tokens, a popular prefix's holder looks cheapest however many requests
+    it already queues, and the guard's withholding of prefixCache's credit alone does not stop it.
+
+    Why both conditions: below its cap a replica starts the request at once and its cached prefix really is
+    prefill saved, however many requests it runs. The request bound alone (the first form) also held the cache
+    back from busy holders that had room, and on many-tenant closed loops, whose requests in flight spread
+    wider than 1.5x the fewest + 4, it scattered tenants' prefixes (core.py has the figures). Where no cap is
+    known, as on an engine whose running count wanders with its KV cache (learned_sizes.ConcurrencyCap), the
+    guard never holds. The guard's token bound is not applied: tokens are this score's own measure."""
 
     higher_is_better = False
 
@@ -59,7 +67,11 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
         self.guard = guard
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
-        admitted = self.guard.admits_requests(candidates) if self.guard else [True] * len(candidates)
+        if self.guard:
+            within_bound = self.guard.admits_requests(candidates)
+            admitted = [ok or free for ok, free in zip(within_bound, has_free_slot(candidates), strict=True)]
+        else:
+            admitted = [True] * len(candidates)
         return [
             expected_load(request, replica, self.miss_penalty, self.prefill_interference, cache_counts)
             for replica, cache_counts in zip(candidates, admitted, strict=True)
