@@ -134,6 +134,14 @@ class ConcurrencyCap:
             self.confirmations += 1
             self.witnesses.add(replica)
 
+    def forget(self, replica: str) -> None:
+        """The replica left. Once every replica that showed the cap has gone, it is learned anew: the replicas
+        that replace them may run another engine version, with a smaller cap that would never confirm under
+        the old ``most_running``."""
+        self.witnesses.discard(replica)
+        if not self.witnesses:
+            self.most_running, self.confirmations = 0, 0
+
     @property
     def cap(self) -> int | None:
         """Requests the replica runs at once; None until confirmed."""

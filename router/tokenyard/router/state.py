@@ -192,6 +192,7 @@ class RouterState:
             self.stats.pop(endpoint.name, None)
             self.kv_capacity_tokens.pop(endpoint.name, None)
             self.concurrency.pop(endpoint.name, None)
+            self.fleet_concurrency.forget(endpoint.name)
             self.unreachable.discard(endpoint.name)
         return gone
 

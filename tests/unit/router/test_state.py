@@ -93,6 +93,15 @@ def test_a_replicas_concurrency_is_learned_when_it_reports_requests_waiting():
         "a", EngineStats(scraped_at=1.0, waiting=0.0, running=12.0)
     )  # caps differ: no fleet cap
     assert fleet.concurrency_of("b") is None
+    # a fleet replaced by replicas with a smaller cap learns it: the old cap left with the replicas that showed it
+    replaced = state_with([Endpoint(name, f"http://{name}") for name in "ab"])
+    for name in "ab":
+        replaced.record_stats(name, EngineStats(scraped_at=0.0, waiting=1.0, running=8.0))
+    assert replaced.concurrency_of("a") == 8
+    replaced.set_models({"m": ModelView("m", tuple(Endpoint(name, f"http://{name}") for name in "cd"))})
+    for name in "cd":
+        replaced.record_stats(name, EngineStats(scraped_at=1.0, waiting=1.0, running=4.0))
+    assert [replaced.concurrency_of(name) for name in "cd"] == [4, 4]
     state.set_models({})  # the replica went away: what was learned of it goes too
     assert "a" not in state.concurrency
 
