@@ -36,6 +36,9 @@ class ReplicaSnapshot:
     kv_capacity_tokens: int | None = None
     # Requests the replica runs at once, learned from its /metrics (RouterState.record_stats); None: not seen.
     concurrency: int | None = None
+    # The most requests any replica of the fleet was scraped running at once (0: none scraped yet): what the
+    # engines have shown they start without queueing, where no cap is confirmed (free_slot.shown_to_start).
+    running_seen: int = 0
 
 
 @dataclass

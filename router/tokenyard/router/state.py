@@ -298,6 +298,7 @@ class RouterState:
             kv_held_tokens=self.ledger.kv_held_tokens(endpoint.name),
             kv_capacity_tokens=self.kv_capacity_tokens.get(endpoint.name),  # only a reported figure
             concurrency=self.concurrency_of(endpoint.name),
+            running_seen=max((learned.most_running for learned in self.concurrency.values()), default=0),
         )
 
     def concurrency_of(self, replica: str) -> int | None:

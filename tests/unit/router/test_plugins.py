@@ -291,15 +291,35 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
     assert kept.replica is not None and kept.replica.name == "holder"
 
 
-def test_guarded_load_leaves_the_cache_its_credit_where_the_holder_would_start_the_request_at_once():
-    """Past the request bound but below its cap (or with no cap known) the holder starts the request at once,
-    so its cached prefix is prefill saved and the request goes there."""
-    for cap in (16, None):
+def test_guarded_load_leaves_the_cache_its_credit_where_the_engines_showed_the_holder_would_start_it():
+    """Past the request bound, the holder keeps its cache's credit where it is below its confirmed cap, or with
+    no cap confirmed, below the most requests a replica was seen running at once (an engine with a large batch);
+    with nothing shown (no cap, no scrape yet, or fewer seen running) the guard holds."""
+
+    def choice(cap, running_seen):
         replicas = [
-            snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=cap),
-            snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=cap),
+            snap(
+                "holder",
+                outstanding_tokens=1_700,
+                outstanding_requests=13,
+                concurrency=cap,
+                running_seen=running_seen,
+            ),
+            snap(
+                "cold",
+                outstanding_tokens=300,
+                outstanding_requests=2,
+                concurrency=cap,
+                running_seen=running_seen,
+            ),
         ]
         decision = Pipeline.from_config(guarded_load=True).decide(
             request(1_600, {"holder": 1_500}), replicas, random.Random(1)
         )
-        assert decision.replica is not None and decision.replica.name == "holder", cap
+        assert decision.replica is not None
+        return decision.replica.name
+
+    assert choice(cap=16, running_seen=16) == "holder"
+    assert choice(cap=None, running_seen=20) == "holder"
+    assert choice(cap=None, running_seen=0) == "cold"
+    assert choice(cap=None, running_seen=8) == "cold"

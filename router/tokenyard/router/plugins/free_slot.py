@@ -40,3 +40,14 @@ def has_free_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
         cap is None or replica.outstanding_requests < cap
         for replica, cap in zip(candidates, slot_caps(candidates), strict=True)
     ]
+
+
+def shown_to_start(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
+    """For each candidate, whether the engines have shown that a request sent now would start at once: below
+    its cap where one is confirmed, else below the most requests any replica was seen running at once
+    (``running_seen``; nothing is shown before the first scrape). Stricter than ``has_free_slot``, which
+    counts an unknown cap as free: this is for taking back a credit, not for passing a replica over."""
+    return [
+        replica.outstanding_requests < (cap if cap is not None else replica.running_seen)
+        for replica, cap in zip(candidates, slot_caps(candidates), strict=True)
+    ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenyard.router.framework import ReplicaSnapshot, RoutingRequest, Scorer
-from tokenyard.router.plugins.free_slot import has_free_slot
+from tokenyard.router.plugins.free_slot import shown_to_start
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
 
 
@@ -42,20 +42,23 @@ def expected_load(
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     """``expected_load`` of each candidate, lower is better.
 
-    ``guard``: a replica that would queue the request (its requests in flight at or past its learned
-    concurrency cap, free_slot.has_free_slot) and has far more requests in flight than the fewest among the
-    candidates (the hot-spot guard's request bound, prefix_cache.HotSpotGuard) is scored as if it cached none
-    of the prompt. Tokens cannot see a request's slot: a request whose prompt is cached owes few prefill tokens
-    yet holds a place in the engine's batch for its whole answer, and past the engine's cap it waits for a
-    running one to end. Priced only in tokens, a popular prefix's holder looks cheapest however many requests
-    it already queues, and the guard's withholding of prefixCache's credit alone does not stop it.
+    ``guard``: a replica that the engines have not shown would start the request at once (its requests in
+    flight at or past its learned concurrency cap, or with no cap confirmed, past the most requests any replica
+    was seen running at once: free_slot.shown_to_start) and that has far more requests in flight than the fewest
+    among the candidates (the hot-spot guard's request bound, prefix_cache.HotSpotGuard) is scored as if it
+    cached none of the prompt. Tokens cannot see a request's slot: a request whose prompt is cached owes few
+    prefill tokens yet holds a place in the engine's batch for its whole answer, and past the engine's cap it
+    waits for a running one to end. Priced only in tokens, a popular prefix's holder looks cheapest however
+    many requests it already queues, and the guard's withholding of prefixCache's credit alone does not stop it.
 
-    Why both conditions: below its cap a replica starts the request at once and its cached prefix really is
-    prefill saved, however many requests it runs. The request bound alone (the first form) also held the cache
-    back from busy holders that had room, and on many-tenant closed loops, whose requests in flight spread
-    wider than 1.5x the fewest + 4, it scattered tenants' prefixes (core.py has the figures). Where no cap is
-    known, as on an engine whose running count wanders with its KV cache (learned_sizes.ConcurrencyCap), the
-    guard never holds. The guard's token bound is not applied: tokens are this score's own measure."""
+    Why both conditions: where the engine has shown it starts that many requests at once, the holder's cached
+    prefix really is prefill saved, however many requests it runs. The request bound alone (the first form)
+    held the cache back from busy holders with room on an engine with a large batch, and on many-tenant closed
+    loops, whose requests in flight spread wider than 1.5x the fewest + 4, it scattered tenants' prefixes
+    (core.py has the figures). The running count seen, not only a confirmed cap, because a cap is confirmed
+    only once requests have queued, which is the pile-up this guard is for: on an engine with a small batch the
+    count seen stops at its cap from the first busy scrape, on one with a large batch it keeps rising. The
+    guard's token bound is not applied: tokens are this score's own measure."""
 
     higher_is_better = False
 
@@ -69,7 +72,7 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         if self.guard:
             within_bound = self.guard.admits_requests(candidates)
-            admitted = [ok or free for ok, free in zip(within_bound, has_free_slot(candidates), strict=True)]
+            admitted = [ok or free for ok, free in zip(within_bound, shown_to_start(candidates), strict=True)]
         else:
             admitted = [True] * len(candidates)
         return [
