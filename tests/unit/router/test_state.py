@@ -94,7 +94,8 @@ def test_a_replicas_concurrency_is_learned_when_it_reports_requests_waiting():
     )  # caps differ: no fleet cap
     assert fleet.concurrency_of("b") is None
     # the most any replica was seen running is every replica's running_seen (guarded_load, free_slot.shown_to_start)
-    assert {fleet.snapshot(endpoint, now=1.0).running_seen for endpoint in fleet.models["m"].endpoints} == {12}
+    seen = {fleet.snapshot(endpoint, now=1.0).running_seen for endpoint in fleet.models["m"].endpoints}
+    assert seen == {12}
     # a fleet replaced by replicas with a smaller cap learns it: the old cap left with the replicas that showed it
     replaced = state_with([Endpoint(name, f"http://{name}") for name in "ab"])
     for name in "ab":
