@@ -274,8 +274,8 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
     holder's cache as prefill saved and sends the request there; with guarded_load the holder's cache saves it
     nothing until its requests come back within the guard's request bound (1.5 x 2 + 4 = 7)."""
     replicas = [
-        snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=2),
-        snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=2),
+        snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=2, kv_usage=0.3),
+        snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=2, kv_usage=0.1),
     ]
     matches = {"holder": 1_500}
     plain = Pipeline.from_config().decide(request(1_600, matches), replicas, random.Random(1))
@@ -286,32 +286,25 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
     assert guarded.replica is not None and guarded.replica.name == "cold"
     # within the request bound the cache still counts: the holder with 5 requests keeps the request, though it
     # owes far more tokens than the cold replica (tokens are the score's own measure)
-    near = [snap("holder", outstanding_tokens=2_300, outstanding_requests=5, concurrency=2), replicas[1]]
+    near = [
+        snap("holder", outstanding_tokens=2_300, outstanding_requests=5, concurrency=2, kv_usage=0.3),
+        replicas[1],
+    ]
     kept = Pipeline.from_config(guarded_load=True).decide(request(1_600, matches), near, random.Random(1))
     assert kept.replica is not None and kept.replica.name == "holder"
 
 
-def test_guarded_load_leaves_the_cache_its_credit_where_the_engines_showed_the_holder_would_start_it():
-    """Past the request bound, the holder keeps its cache's credit where it is below its confirmed cap, or with
-    no cap confirmed, below the most requests a replica was seen running at once (an engine with a large batch);
-    with nothing shown (no cap, no scrape yet, or fewer seen running) the guard holds."""
+def test_guarded_load_holds_only_where_the_holder_would_wait_for_a_batch_slot():
+    """Past the request bound, the holder keeps its cache's credit where the engines showed it would start the
+    request (below its confirmed cap, or with none confirmed, below the most requests a replica was seen
+    running at once), and where it would queue for KV blocks rather than for a slot (its cache nearly full: the
+    holder needs the fewest new blocks) or nothing fresh says which (no fresh KV reading)."""
 
-    def choice(cap, running_seen):
+    def choice(cap=None, running_seen=0, kv_usage=0.3):
+        shared = {"concurrency": cap, "running_seen": running_seen, "kv_usage": kv_usage}
         replicas = [
-            snap(
-                "holder",
-                outstanding_tokens=1_700,
-                outstanding_requests=13,
-                concurrency=cap,
-                running_seen=running_seen,
-            ),
-            snap(
-                "cold",
-                outstanding_tokens=300,
-                outstanding_requests=2,
-                concurrency=cap,
-                running_seen=running_seen,
-            ),
+            snap("holder", outstanding_tokens=1_700, outstanding_requests=13, **shared),
+            snap("cold", outstanding_tokens=300, outstanding_requests=2, **shared),
         ]
         decision = Pipeline.from_config(guarded_load=True).decide(
             request(1_600, {"holder": 1_500}), replicas, random.Random(1)
@@ -320,6 +313,8 @@ def test_guarded_load_leaves_the_cache_its_credit_where_the_engines_showed_the_h
         return decision.replica.name
 
     assert choice(cap=16, running_seen=16) == "holder"
-    assert choice(cap=None, running_seen=20) == "holder"
-    assert choice(cap=None, running_seen=0) == "cold"
-    assert choice(cap=None, running_seen=8) == "cold"
+    assert choice(running_seen=20) == "holder"
+    assert choice(running_seen=8, kv_usage=0.95) == "holder"
+    assert choice(running_seen=8, kv_usage=None) == "holder"
+    assert choice(running_seen=8) == "cold"
+    assert choice(cap=8, running_seen=8) == "cold"

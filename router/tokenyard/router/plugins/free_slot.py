@@ -42,12 +42,25 @@ def has_free_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
     ]
 
 
-def shown_to_start(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
-    """For each candidate, whether the engines have shown that a request sent now would start at once: below
-    its cap where one is confirmed, else below the most requests any replica was seen running at once
-    (``running_seen``; nothing is shown before the first scrape). Stricter than ``has_free_slot``, which
-    counts an unknown cap as free: this is for taking back a credit, not for passing a replica over."""
+# A KV cache this full is the engine's binding limit: its queue waits for blocks, not for a batch slot.
+KV_BOUND_USAGE = 0.9
+
+
+def waits_for_a_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
+    """For each candidate, whether a request sent now would wait there for a running one to end, as far as the
+    engines have shown: its requests in flight at or past its confirmed cap, or with none confirmed, past the
+    most requests any replica was seen running at once (``running_seen``; 0 before the first scrape), while its
+    KV cache has room (a fresh ``kv_usage`` below KV_BOUND_USAGE).
+
+    The KV condition tells the two reasons an engine queues apart. One with a small batch (llm-d-inference-sim's
+    8 sequences) queues for a slot with most of its cache free: another replica with a free slot starts the
+    request at once. One bound by its cache (a vLLM-like engine under long prompts) queues for blocks: the
+    replica holding the prompt's prefix needs the fewest new blocks of any, and a cold one would need the whole
+    prompt's. Stricter than ``has_free_slot`` in that an unknown cap is not free here: this is for taking a
+    credit back, not for passing a replica over."""
     return [
-        replica.outstanding_requests < (cap if cap is not None else replica.running_seen)
+        replica.outstanding_requests >= (cap if cap is not None else replica.running_seen)
+        and replica.kv_usage is not None
+        and replica.kv_usage < KV_BOUND_USAGE
         for replica, cap in zip(candidates, slot_caps(candidates), strict=True)
     ]

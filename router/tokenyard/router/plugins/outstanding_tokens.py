@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenyard.router.framework import ReplicaSnapshot, RoutingRequest, Scorer
-from tokenyard.router.plugins.free_slot import shown_to_start
+from tokenyard.router.plugins.free_slot import waits_for_a_slot
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
 
 
@@ -42,23 +42,22 @@ def expected_load(
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     """``expected_load`` of each candidate, lower is better.
 
-    ``guard``: a replica that the engines have not shown would start the request at once (its requests in
-    flight at or past its learned concurrency cap, or with no cap confirmed, past the most requests any replica
-    was seen running at once: free_slot.shown_to_start) and that has far more requests in flight than the fewest
-    among the candidates (the hot-spot guard's request bound, prefix_cache.HotSpotGuard) is scored as if it
-    cached none of the prompt. Tokens cannot see a request's slot: a request whose prompt is cached owes few
-    prefill tokens yet holds a place in the engine's batch for its whole answer, and past the engine's cap it
-    waits for a running one to end. Priced only in tokens, a popular prefix's holder looks cheapest however
-    many requests it already queues, and the guard's withholding of prefixCache's credit alone does not stop it.
+    ``guard``: a replica where the request would wait for a batch slot (free_slot.waits_for_a_slot: at or past
+    its learned concurrency cap, or with none confirmed, past the most requests any replica was seen running at
+    once, while its KV cache has room) and that has far more requests in flight than the fewest among the
+    candidates (the hot-spot guard's request bound, prefix_cache.HotSpotGuard) is scored as if it cached none
+    of the prompt. Tokens cannot see a request's slot: a request whose prompt is cached owes few prefill tokens
+    yet holds a place in the engine's batch for its whole answer, and past the engine's cap it waits for a
+    running one to end. Priced only in tokens, a popular prefix's holder looks cheapest however many requests
+    it already queues, and the guard's withholding of prefixCache's credit alone does not stop it.
 
-    Why both conditions: where the engine has shown it starts that many requests at once, the holder's cached
-    prefix really is prefill saved, however many requests it runs. The request bound alone (the first form)
-    held the cache back from busy holders with room on an engine with a large batch, and on many-tenant closed
-    loops, whose requests in flight spread wider than 1.5x the fewest + 4, it scattered tenants' prefixes
-    (core.py has the figures). The running count seen, not only a confirmed cap, because a cap is confirmed
-    only once requests have queued, which is the pile-up this guard is for: on an engine with a small batch the
-    count seen stops at its cap from the first busy scrape, on one with a large batch it keeps rising. The
-    guard's token bound is not applied: tokens are this score's own measure."""
+    Why the slot condition as well as the bound: where the engine would start the request at once, or where it
+    queues for KV blocks (which the holder of the prefix needs fewest of), the holder's cache really is work
+    saved however many requests it runs. The request bound alone (the first form) held the cache back from
+    busy holders on a vLLM-like engine and scattered the prefixes of many-tenant closed loops (core.py has the
+    figures). The running count seen, not only a confirmed cap, because a cap is confirmed only once requests
+    have queued, after the pile-up this guard is for. The guard's token bound is not applied: tokens are this
+    score's own measure."""
 
     higher_is_better = False
 
@@ -72,7 +71,9 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         if self.guard:
             within_bound = self.guard.admits_requests(candidates)
-            admitted = [ok or free for ok, free in zip(within_bound, shown_to_start(candidates), strict=True)]
+            admitted = [
+                ok or not waits for ok, waits in zip(within_bound, waits_for_a_slot(candidates), strict=True)
+            ]
         else:
             admitted = [True] * len(candidates)
         return [
