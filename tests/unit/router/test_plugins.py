@@ -274,8 +274,8 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
     holder's cache as prefill saved and sends the request there; with guarded_load the holder's cache saves it
     nothing until its requests come back within the guard's request bound (1.5 x 2 + 4 = 7)."""
     replicas = [
-        snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=2, kv_usage=0.3),
-        snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=2, kv_usage=0.1),
+        snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=2),
+        snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=2),
     ]
     matches = {"holder": 1_500}
     plain = Pipeline.from_config().decide(request(1_600, matches), replicas, random.Random(1))
@@ -287,7 +287,7 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
     # within the request bound the cache still counts: the holder with 5 requests keeps the request, though it
     # owes far more tokens than the cold replica (tokens are the score's own measure)
     near = [
-        snap("holder", outstanding_tokens=2_300, outstanding_requests=5, concurrency=2, kv_usage=0.3),
+        snap("holder", outstanding_tokens=2_300, outstanding_requests=5, concurrency=2),
         replicas[1],
     ]
     kept = Pipeline.from_config(guarded_load=True).decide(request(1_600, matches), near, random.Random(1))
@@ -295,16 +295,30 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
 
 
 def test_guarded_load_holds_only_where_the_holder_would_wait_for_a_batch_slot():
-    """Past the request bound, the holder keeps its cache's credit where the engines showed it would start the
-    request (below its confirmed cap, or with none confirmed, below the most requests a replica was seen
-    running at once), and where it would queue for KV blocks rather than for a slot (its cache nearly full: the
-    holder needs the fewest new blocks) or nothing fresh says which (no fresh KV reading)."""
+    """Past the request bound, the holder keeps its cache's credit unless the engines have shown the request
+    would wait there for a slot: at or past its confirmed cap, or with none confirmed, its last fresh scrape
+    queueing at the fleet's largest running count (a batch-bound engine). Queueing below that count is a cache-
+    bound engine waiting for blocks, which the holder needs fewest of; no fresh scrape shows nothing."""
 
-    def choice(cap=None, running_seen=0, kv_usage=0.3):
-        shared = {"concurrency": cap, "running_seen": running_seen, "kv_usage": kv_usage}
+    def choice(cap=None, running_seen=0, running=None, waiting=None):
+        shared = {"concurrency": cap, "running_seen": running_seen}
         replicas = [
-            snap("holder", outstanding_tokens=1_700, outstanding_requests=13, **shared),
-            snap("cold", outstanding_tokens=300, outstanding_requests=2, **shared),
+            snap(
+                "holder",
+                outstanding_tokens=1_700,
+                outstanding_requests=13,
+                running=running,
+                queue_waiting=waiting,
+                **shared,
+            ),
+            snap(
+                "cold",
+                outstanding_tokens=300,
+                outstanding_requests=2,
+                running=2.0,
+                queue_waiting=0.0,
+                **shared,
+            ),
         ]
         decision = Pipeline.from_config(guarded_load=True).decide(
             request(1_600, {"holder": 1_500}), replicas, random.Random(1)
@@ -312,9 +326,10 @@ def test_guarded_load_holds_only_where_the_holder_would_wait_for_a_batch_slot():
         assert decision.replica is not None
         return decision.replica.name
 
-    assert choice(cap=16, running_seen=16) == "holder"
-    assert choice(running_seen=20) == "holder"
-    assert choice(running_seen=8, kv_usage=0.95) == "holder"
-    assert choice(running_seen=8, kv_usage=None) == "holder"
-    assert choice(running_seen=8) == "cold"
-    assert choice(cap=8, running_seen=8) == "cold"
+    assert choice(cap=16, running_seen=16) == "holder"  # below its cap: it starts the request at once
+    assert choice(cap=8, running_seen=8) == "cold"  # past it
+    assert choice(running_seen=8, running=8.0, waiting=5.0) == "cold"  # queueing at the largest count seen
+    assert choice(running_seen=8, running=3.0, waiting=5.0) == "holder"  # queueing for KV blocks
+    assert choice(running_seen=8, running=8.0, waiting=0.0) == "holder"  # nothing waits
+    assert choice(running_seen=8) == "holder"  # no fresh scrape
+    assert choice(running_seen=20, running=8.0, waiting=5.0) == "holder"  # more have run at once elsewhere

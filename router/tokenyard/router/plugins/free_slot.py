@@ -42,25 +42,27 @@ def has_free_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
     ]
 
 
-# A KV cache this full is the engine's binding limit: its queue waits for blocks, not for a batch slot.
-KV_BOUND_USAGE = 0.9
-
-
 def waits_for_a_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
-    """For each candidate, whether a request sent now would wait there for a running one to end, as far as the
-    engines have shown: its requests in flight at or past its confirmed cap, or with none confirmed, past the
-    most requests any replica was seen running at once (``running_seen``; 0 before the first scrape), while its
-    KV cache has room (a fresh ``kv_usage`` below KV_BOUND_USAGE).
+    """For each candidate, whether the engines have shown that a request sent now would wait there for a
+    running one to end: its requests in flight at or past its confirmed cap, or with none confirmed, its last
+    fresh scrape found requests waiting while it ran the most requests any replica was seen running at once
+    (``running_seen``), and the router has at least that many in flight there.
 
-    The KV condition tells the two reasons an engine queues apart. One with a small batch (llm-d-inference-sim's
-    8 sequences) queues for a slot with most of its cache free: another replica with a free slot starts the
-    request at once. One bound by its cache (a vLLM-like engine under long prompts) queues for blocks: the
-    replica holding the prompt's prefix needs the fewest new blocks of any, and a cold one would need the whole
-    prompt's. Stricter than ``has_free_slot`` in that an unknown cap is not free here: this is for taking a
-    credit back, not for passing a replica over."""
+    The single scrape is the cap's own evidence seen once: a batch-bound engine (llm-d-inference-sim's 8
+    sequences) queues at the same running count on every replica, and that count is the fleet's largest from
+    the first busy scrape, seconds before ``learned_sizes.ConcurrencyCap`` has its confirmations. An engine
+    bound by its KV cache queues at whatever count its blocks allow, mostly below the largest seen, and there
+    the holder of a prompt's prefix, needing the fewest new blocks, is the right place to wait. Stricter than
+    ``has_free_slot`` in that an unknown cap is not free: this is for taking a credit back."""
+    caps = slot_caps(candidates)
     return [
-        replica.outstanding_requests >= (cap if cap is not None else replica.running_seen)
-        and replica.kv_usage is not None
-        and replica.kv_usage < KV_BOUND_USAGE
-        for replica, cap in zip(candidates, slot_caps(candidates), strict=True)
+        replica.outstanding_requests >= cap
+        if cap is not None
+        else (
+            replica.running_seen > 0
+            and replica.outstanding_requests >= replica.running_seen
+            and (replica.queue_waiting or 0) > 0
+            and (replica.running or 0) >= replica.running_seen
+        )
+        for replica, cap in zip(candidates, caps, strict=True)
     ]
