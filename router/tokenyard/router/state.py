@@ -175,6 +175,7 @@ class RouterState:
         self.concurrency: dict[str, ConcurrencyCap] = {}
         self.fleet_concurrency = ConcurrencyCap.of_fleet()  # the same, judged over every replica's scrapes
         self.peer_caps: dict[str, int] = {}  # caps any router confirmed, shared through Redis (shared.py)
+        self.running_seen = 0  # the most requests any replica here was scraped running (_note_running_seen)
         self._pipelines: dict[tuple[tuple[str, float], ...] | None, Pipeline] = {}
 
     # --- views -----------------------------------------------------------------------------------------
@@ -194,6 +195,8 @@ class RouterState:
             self.concurrency.pop(endpoint.name, None)
             self.fleet_concurrency.forget(endpoint.name)
             self.unreachable.discard(endpoint.name)
+        if gone:
+            self._note_running_seen()
         return gone
 
     def namespace_of(self, model: str) -> str:
@@ -217,6 +220,7 @@ class RouterState:
                 stats.running, stats.waiting, replica
             )
             self.fleet_concurrency.observe(stats.running, stats.waiting, replica)
+            self._note_running_seen()
         if stats.kv_capacity_tokens:
             self.kv_capacity_tokens[replica] = stats.kv_capacity_tokens
         elif stats.num_gpu_blocks:
@@ -299,8 +303,12 @@ class RouterState:
             kv_held_tokens=self.ledger.kv_held_tokens(endpoint.name),
             kv_capacity_tokens=self.kv_capacity_tokens.get(endpoint.name),  # only a reported figure
             concurrency=self.concurrency_of(endpoint.name),
-            running_seen=max((learned.most_running for learned in self.concurrency.values()), default=0),
+            running_seen=self.running_seen,
         )
+
+    def _note_running_seen(self) -> None:
+        """Once per scrape and per change of replicas, not per decision: snapshots are taken per request."""
+        self.running_seen = max((learned.most_running for learned in self.concurrency.values()), default=0)
 
     def concurrency_of(self, replica: str) -> int | None:
         """Requests ``replica`` runs at once: the cap this router confirmed for it, else the one its peers

@@ -105,6 +105,7 @@ def test_a_replicas_concurrency_is_learned_when_it_reports_requests_waiting():
     for name in "cd":
         replaced.record_stats(name, EngineStats(scraped_at=1.0, waiting=1.0, running=4.0))
     assert [replaced.concurrency_of(name) for name in "cd"] == [4, 4]
+    assert replaced.running_seen == 4  # what the replicas that left ran is no longer evidence
     state.set_models({})  # the replica went away: what was learned of it goes too
     assert "a" not in state.concurrency
 
