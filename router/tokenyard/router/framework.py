@@ -29,7 +29,6 @@ class ReplicaSnapshot:
     # From the replica's /metrics; None when unknown or older than the freshness bound (unknown is not zero).
     kv_usage: float | None = None  # 0..1
     queue_waiting: float | None = None
-    running: float | None = None  # requests the engine ran at its last fresh scrape
     block_size: int = 16
     # KV tokens the requests in flight there hold (router-counted, shared prefixes once), and the replica's KV
     # capacity in tokens as its /metrics reported it (None: not reported, so nothing is judged against it).

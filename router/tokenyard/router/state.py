@@ -298,7 +298,6 @@ class RouterState:
             outstanding_requests=max(0, load.requests),
             kv_usage=stats.kv_usage if fresh and stats else None,
             queue_waiting=stats.waiting if fresh and stats else None,
-            running=stats.running if fresh and stats else None,
             block_size=routing_block_size(stats.block_size if stats else None),
             kv_held_tokens=self.ledger.kv_held_tokens(endpoint.name),
             kv_capacity_tokens=self.kv_capacity_tokens.get(endpoint.name),  # only a reported figure

@@ -273,9 +273,10 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
     requests, the other 2: the guard withholds prefixCache's credit, but the load score alone still prices the
     holder's cache as prefill saved and sends the request there; with guarded_load the holder's cache saves it
     nothing until its requests come back within the guard's request bound (1.5 x 2 + 4 = 7)."""
+    roomy = {"kv_usage": 0.2, "kv_capacity_tokens": 100_000}  # the queue is for a slot, not for KV blocks
     replicas = [
-        snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=2),
-        snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=2),
+        snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=2, **roomy),
+        snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=2, **roomy),
     ]
     matches = {"holder": 1_500}
     plain = Pipeline.from_config().decide(request(1_600, matches), replicas, random.Random(1))
@@ -296,28 +297,22 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
 
 def test_guarded_load_holds_only_where_the_holder_would_wait_for_a_batch_slot():
     """Past the request bound, the holder keeps its cache's credit unless the engines have shown the request
-    would wait there for a slot: at or past its confirmed cap, or with none confirmed, its last fresh scrape
-    queueing at the fleet's largest running count (a batch-bound engine). Queueing below that count is a cache-
-    bound engine waiting for blocks, which the holder needs fewest of; no fresh scrape shows nothing."""
+    would wait there for a slot: at or past its confirmed cap, or with none confirmed, the most requests any
+    replica was seen running, while its KV cache has room for the prompt. A cache without that room makes the
+    request wait for blocks, which the holder needs fewest of; no fresh usage or no capacity shows nothing."""
 
-    def choice(cap=None, running_seen=0, running=None, waiting=None):
-        shared = {"concurrency": cap, "running_seen": running_seen}
+    def choice(cap=None, running_seen=0, kv_usage=0.2, capacity=100_000):
+        shared = {"concurrency": cap, "running_seen": running_seen, "kv_usage": kv_usage}
         replicas = [
             snap(
                 "holder",
                 outstanding_tokens=1_700,
                 outstanding_requests=13,
-                running=running,
-                queue_waiting=waiting,
+                kv_capacity_tokens=capacity,
                 **shared,
             ),
             snap(
-                "cold",
-                outstanding_tokens=300,
-                outstanding_requests=2,
-                running=2.0,
-                queue_waiting=0.0,
-                **shared,
+                "cold", outstanding_tokens=300, outstanding_requests=2, kv_capacity_tokens=capacity, **shared
             ),
         ]
         decision = Pipeline.from_config(guarded_load=True).decide(
@@ -327,9 +322,10 @@ def test_guarded_load_holds_only_where_the_holder_would_wait_for_a_batch_slot():
         return decision.replica.name
 
     assert choice(cap=16, running_seen=16) == "holder"  # below its cap: it starts the request at once
-    assert choice(cap=8, running_seen=8) == "cold"  # past it
-    assert choice(running_seen=8, running=8.0, waiting=5.0) == "cold"  # queueing at the largest count seen
-    assert choice(running_seen=8, running=3.0, waiting=5.0) == "holder"  # queueing for KV blocks
-    assert choice(running_seen=8, running=8.0, waiting=0.0) == "holder"  # nothing waits
-    assert choice(running_seen=8) == "holder"  # no fresh scrape
-    assert choice(running_seen=20, running=8.0, waiting=5.0) == "holder"  # more have run at once elsewhere
+    assert choice(cap=2, running_seen=8) == "cold"  # past it (the cold replica too: freeSlot keeps both)
+    assert choice(running_seen=8) == "cold"  # past the largest running count seen, with room
+    assert choice(running_seen=20) == "holder"  # more have run at once elsewhere
+    assert choice(running_seen=8, kv_usage=0.99) == "holder"  # 1,000 tokens free: it would wait for blocks
+    assert choice(cap=2, running_seen=8, kv_usage=0.99) == "holder"
+    assert choice(running_seen=8, kv_usage=None) == "holder"  # no fresh scrape
+    assert choice(running_seen=8, capacity=None) == "holder"  # capacity never reported

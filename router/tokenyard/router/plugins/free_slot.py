@@ -42,27 +42,24 @@ def has_free_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
     ]
 
 
-def waits_for_a_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
-    """For each candidate, whether the engines have shown that a request sent now would wait there for a
-    running one to end: its requests in flight at or past its confirmed cap, or with none confirmed, its last
-    fresh scrape found requests waiting while it ran the most requests any replica was seen running at once
-    (``running_seen``), and the router has at least that many in flight there.
+def waits_for_a_slot(request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
+    """For each candidate, whether the engines have shown that this request would wait there for a batch slot
+    (for a running request to end) rather than for KV blocks: its requests in flight at or past its confirmed
+    cap, or with none confirmed, past the most requests any replica was seen running at once
+    (``running_seen``), while its KV cache, by its last fresh scrape, has room for a prompt this long.
 
-    The single scrape is the cap's own evidence seen once: a batch-bound engine (llm-d-inference-sim's 8
-    sequences) queues at the same running count on every replica, and that count is the fleet's largest from
-    the first busy scrape, seconds before ``learned_sizes.ConcurrencyCap`` has its confirmations. An engine
-    bound by its KV cache queues at whatever count its blocks allow, mostly below the largest seen, and there
-    the holder of a prompt's prefix, needing the fewest new blocks, is the right place to wait. Stricter than
-    ``has_free_slot`` in that an unknown cap is not free: this is for taking a credit back."""
+    Why the running count seen: a cap is confirmed only once requests have queued, which is the pile-up this is
+    meant to prevent; a batch-bound engine (llm-d-inference-sim's 8 sequences) shows its cap as the fleet's
+    largest running count from the first busy scrape. Why the room: an engine bound by its KV cache (a vLLM-like
+    one under long prompts) runs fewer requests than it has before whenever its blocks are taken, and then a
+    request waits for blocks, which the holder of its prefix needs fewest of; a cache without room for the
+    whole prompt is that case. Unknown usage or capacity shows nothing. Stricter than ``has_free_slot`` in that
+    an unknown cap is not free: this is for taking a credit back, not for passing a replica over."""
     caps = slot_caps(candidates)
     return [
-        replica.outstanding_requests >= cap
-        if cap is not None
-        else (
-            replica.running_seen > 0
-            and replica.outstanding_requests >= replica.running_seen
-            and (replica.queue_waiting or 0) > 0
-            and (replica.running or 0) >= replica.running_seen
-        )
+        replica.outstanding_requests >= (cap if cap is not None else max(1, replica.running_seen))
+        and replica.kv_usage is not None
+        and replica.kv_capacity_tokens is not None
+        and (1.0 - replica.kv_usage) * replica.kv_capacity_tokens >= request.prompt_tokens
         for replica, cap in zip(candidates, caps, strict=True)
     ]

@@ -43,20 +43,19 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     """``expected_load`` of each candidate, lower is better.
 
     ``guard``: a replica where the request would wait for a batch slot (free_slot.waits_for_a_slot: at or past
-    its learned concurrency cap, or with none confirmed yet, found queueing at the fleet's largest running count
-    by its last fresh scrape) and that has far more requests in flight than the fewest among the candidates (the
-    hot-spot guard's request bound, prefix_cache.HotSpotGuard) is scored as if it cached none of the prompt.
-    Tokens cannot see a request's slot: a request whose prompt is cached owes few prefill tokens yet holds a
-    place in the engine's batch for its whole answer, and past the engine's cap it waits for a running one to
-    end. Priced only in tokens, a popular prefix's holder looks cheapest however many requests it already
-    queues, and the guard's withholding of prefixCache's credit alone does not stop it.
+    its learned concurrency cap, or with none confirmed yet, the most requests any replica was seen running,
+    while its KV cache has room for the prompt) and that has far more requests in flight than the fewest among
+    the candidates (the hot-spot guard's request bound, prefix_cache.HotSpotGuard) is scored as if it cached
+    none of the prompt. Tokens cannot see a request's slot: a request whose prompt is cached owes few prefill
+    tokens yet holds a place in the engine's batch for its whole answer, and past the engine's cap it waits for
+    a running one to end. Priced only in tokens, a popular prefix's holder looks cheapest however many requests
+    it already queues, and the guard's withholding of prefixCache's credit alone does not stop it.
 
     Why the slot condition as well as the bound: where the engine would start the request at once, or where it
-    queues for KV blocks (which the holder of the prefix needs fewest of), the holder's cache really is work
+    would wait for KV blocks (which the holder of the prefix needs fewest of), the holder's cache really is work
     saved however many requests it runs. Without it (the first form) the guard held the cache back from busy
-    holders on a vLLM-like engine and scattered the prefixes of many-tenant closed loops; so did two looser
-    slot tests, past the running count seen and past it with the KV cache below 0.9 (core.py has the figures).
-    The guard's token bound is not applied: tokens are this score's own measure."""
+    holders on a vLLM-like engine and scattered the prefixes of many-tenant closed loops (core.py has the
+    figures of every form tried). The guard's token bound is not applied: tokens are this score's own measure."""
 
     higher_is_better = False
 
@@ -71,7 +70,8 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
         if self.guard:
             within_bound = self.guard.admits_requests(candidates)
             admitted = [
-                ok or not waits for ok, waits in zip(within_bound, waits_for_a_slot(candidates), strict=True)
+                ok or not waits
+                for ok, waits in zip(within_bound, waits_for_a_slot(request, candidates), strict=True)
             ]
         else:
             admitted = [True] * len(candidates)
