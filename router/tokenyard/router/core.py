@@ -91,19 +91,35 @@ DEFAULT_MISS_PENALTY = 0.5
 #   won multi_turn (p99 0.204 -> 0.174 s, 1,379 -> 1,455 tok/s, imbalance 2.8 -> 1.4) but raised p99 on
 #   shared_prefix_70 (0.469 -> 0.542 s) and shared_prefix_95 (0.552 -> 0.715 s) and cost no_sharing 6% of its
 #   tokens/s (774 -> 724), so by the rule above it stays off.
-# outstandingTokens under the hot-spot guard's request bound (guarded_load, plugins/outstanding_tokens.py; on with
-# --guarded-load), NOT a default: found on llm-d-inference-sim, whose 8-request batch made a prefix holder with 13 requests
-# in flight the load score's best choice (README, "On an engine nobody here wrote"). On tokenyard.sim's tuning
-# workloads it is neutral (bench/results/router-guarded-load-tuning-2026-12-06.txt, 3 rounds; p90 / p99 s and
-# tokens/s without -> with): shared_prefix_70 0.419 / 0.459, 1,462 -> 0.430 / 0.467, 1,486; shared_prefix_95
-# 0.423 / 0.473, 1,799 -> 0.427 / 0.471, 1,782; multi_turn 0.175 / 0.231, 1,370 -> 0.148 / 0.229, 1,343;
-# no_sharing has no shared prefix and decides alike. Its first form, holding on the guard's token bound as well,
-# raised shared_prefix_95's p99 to 0.771 (router-guarded-load-both-bounds-tuning-2026-12-06.txt): tokens are the
-# load score's own measure, and a second bound on them only took requests off their holders. It was a default for
-# an hour: reported on the held-out families of tokenyard.sim it cost zipf_tenants 36% of its closed-loop tokens/s
-# (532 -> 340) and raised tenant_surge's p99 (0.458 -> 0.826; bench/results/router-guarded-load-held-out-
-# 2026-12-06.txt). Shipping a known loss that size is worse than the rule's letter; the mechanism needs fixing
-# (its request bound is far tighter than a many-tenant closed loop's natural spread) before it is a default.
+# outstandingTokens under the hot-spot guard (guarded_load, plugins/outstanding_tokens.py; on with --guarded-load),
+# NOT a default: found on llm-d-inference-sim, whose 8-request batch made a prefix holder with 13 requests in flight
+# the load score's best choice (README, "On an engine nobody here wrote"). Forms tried, each side by side with the
+# default in one run (3 rounds; TTFT p99 open loop, tokens/s closed loop; files in bench/results/):
+# 1. Past the guard's request bound (1.5x the fewest + 4). tokenyard.sim tuning workloads neutral (router-guarded-
+#    load-tuning-2026-12-06.txt: p99 0.459 -> 0.467, 0.473 -> 0.471, 0.231 -> 0.229; no_sharing has no shared prefix
+#    and decides alike); held out, zipf_tenants 532 -> 340 tok/s, long_documents 780 -> 168, tenant_surge p99 0.458
+#    -> 0.826 (router-guarded-load-held-out-2026-12-06.txt). With the token bound as well, shared_prefix_95's p99
+#    rose to 0.771. A default for an hour on 2026-12-06, reverted for the held-out loss.
+# 2. And at or past a confirmed cap: llm-d shared_prefix_70 p99 0.593 -> 0.802 (router-llm-d-guarded-load-at-cap-
+#    2026-12-07.txt). A cap is confirmed after the pile-up, and then freeSlot already passes the full replica over.
+# 3. And at or past the confirmed cap, else the most requests any replica was seen running (running_seen;
+#    free_slot.shown_to_start) -- THE FORM THE FLAG HAS. llm-d p99 shared_prefix_70 0.876 -> 0.264, shared_prefix_95
+#    0.586 -> 0.394, multi_turn 0.369 -> 0.117, tenant_surge 2.567 -> 0.265, tokens/s within 0.7% (router-llm-d-
+#    guarded-shown-2026-12-07.txt); tokenyard.sim held out zipf_tenants 536 -> 465 tok/s, long_documents 913 -> 327
+#    (router-guarded-load-shown-held-out-2026-12-07.txt).
+# 4. As 3, only while the replica's KV usage is below 0.9: zipf_tenants 536 -> 450, long_documents 870 -> 431 (router-
+#    guarded-load-kv-held-out-2026-12-07.txt): a long prompt waits for blocks at any usage.
+# 5. As 2, or a fresh scrape queueing at the fleet's largest running count: held out zipf_tenants 530 -> 520,
+#    long_documents 912 -> 797 (router-guarded-load-queue-held-out-2026-12-07.txt); on llm-d it acts after the
+#    queue forms, p99 0.685 -> 0.385, 3.079 -> 2.156, and shared_prefix_95 1.234 -> 1.785 (router-llm-d-guarded-
+#    load-queue-2026-12-07.txt).
+# 6. As 3, only while the replica's cache has room for the whole prompt: zipf_tenants 470 -> 438, long_documents
+#    928 -> 479 (router-guarded-load-room-held-out-2026-12-07.txt): a long document's holder with room still waits
+#    on its step budget, and the cold replica prefills the whole document.
+# The difficulty: before a queue shows, nothing the engines export tells a batch-bound engine's most-run count
+# (its cap) from a KV- or budget-bound engine's (the most it has run so far). What would: the engine's configured
+# batch size (not among vLLM's documented metrics; cache_config_info is the cache's config only), which the operator
+# knows where a ModelDeployment's engine arguments set --max-num-seqs; or a cap shared by earlier routers (shared.py).
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,

@@ -273,10 +273,9 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
     requests, the other 2: the guard withholds prefixCache's credit, but the load score alone still prices the
     holder's cache as prefill saved and sends the request there; with guarded_load the holder's cache saves it
     nothing until its requests come back within the guard's request bound (1.5 x 2 + 4 = 7)."""
-    roomy = {"kv_usage": 0.2, "kv_capacity_tokens": 100_000}  # the queue is for a slot, not for KV blocks
     replicas = [
-        snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=2, **roomy),
-        snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=2, **roomy),
+        snap("holder", outstanding_tokens=1_700, outstanding_requests=13, concurrency=2),
+        snap("cold", outstanding_tokens=300, outstanding_requests=2, concurrency=2),
     ]
     matches = {"holder": 1_500}
     plain = Pipeline.from_config().decide(request(1_600, matches), replicas, random.Random(1))
@@ -287,32 +286,31 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
     assert guarded.replica is not None and guarded.replica.name == "cold"
     # within the request bound the cache still counts: the holder with 5 requests keeps the request, though it
     # owes far more tokens than the cold replica (tokens are the score's own measure)
-    near = [
-        snap("holder", outstanding_tokens=2_300, outstanding_requests=5, concurrency=2),
-        replicas[1],
-    ]
+    near = [snap("holder", outstanding_tokens=2_300, outstanding_requests=5, concurrency=2), replicas[1]]
     kept = Pipeline.from_config(guarded_load=True).decide(request(1_600, matches), near, random.Random(1))
     assert kept.replica is not None and kept.replica.name == "holder"
 
 
-def test_guarded_load_holds_only_where_the_holder_would_wait_for_a_batch_slot():
-    """Past the request bound, the holder keeps its cache's credit unless the engines have shown the request
-    would wait there for a slot: at or past its confirmed cap, or with none confirmed, the most requests any
-    replica was seen running, while its KV cache has room for the prompt. A cache without that room makes the
-    request wait for blocks, which the holder needs fewest of; no fresh usage or no capacity shows nothing."""
+def test_guarded_load_leaves_the_cache_its_credit_where_the_engines_showed_the_holder_would_start_it():
+    """Past the request bound, the holder keeps its cache's credit where it is below its confirmed cap, or with
+    no cap confirmed, below the most requests a replica was seen running at once (an engine with a large batch);
+    with nothing shown (no cap, no scrape yet, or fewer seen running) the guard holds."""
 
-    def choice(cap=None, running_seen=0, kv_usage=0.2, capacity=100_000):
-        shared = {"concurrency": cap, "running_seen": running_seen, "kv_usage": kv_usage}
+    def choice(cap, running_seen):
         replicas = [
             snap(
                 "holder",
                 outstanding_tokens=1_700,
                 outstanding_requests=13,
-                kv_capacity_tokens=capacity,
-                **shared,
+                concurrency=cap,
+                running_seen=running_seen,
             ),
             snap(
-                "cold", outstanding_tokens=300, outstanding_requests=2, kv_capacity_tokens=capacity, **shared
+                "cold",
+                outstanding_tokens=300,
+                outstanding_requests=2,
+                concurrency=cap,
+                running_seen=running_seen,
             ),
         ]
         decision = Pipeline.from_config(guarded_load=True).decide(
@@ -321,11 +319,7 @@ def test_guarded_load_holds_only_where_the_holder_would_wait_for_a_batch_slot():
         assert decision.replica is not None
         return decision.replica.name
 
-    assert choice(cap=16, running_seen=16) == "holder"  # below its cap: it starts the request at once
-    assert choice(cap=2, running_seen=8) == "cold"  # past it (the cold replica too: freeSlot keeps both)
-    assert choice(running_seen=8) == "cold"  # past the largest running count seen, with room
-    assert choice(running_seen=20) == "holder"  # more have run at once elsewhere
-    assert choice(running_seen=8, kv_usage=0.99) == "holder"  # 1,000 tokens free: it would wait for blocks
-    assert choice(cap=2, running_seen=8, kv_usage=0.99) == "holder"
-    assert choice(running_seen=8, kv_usage=None) == "holder"  # no fresh scrape
-    assert choice(running_seen=8, capacity=None) == "holder"  # capacity never reported
+    assert choice(cap=16, running_seen=16) == "holder"
+    assert choice(cap=None, running_seen=20) == "holder"
+    assert choice(cap=None, running_seen=0) == "cold"
+    assert choice(cap=None, running_seen=8) == "cold"

@@ -42,24 +42,12 @@ def has_free_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
     ]
 
 
-def waits_for_a_slot(request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
-    """For each candidate, whether the engines have shown that this request would wait there for a batch slot
-    (for a running request to end) rather than for KV blocks: its requests in flight at or past its confirmed
-    cap, or with none confirmed, past the most requests any replica was seen running at once
-    (``running_seen``), while its KV cache, by its last fresh scrape, has room for a prompt this long.
-
-    Why the running count seen: a cap is confirmed only once requests have queued, which is the pile-up this is
-    meant to prevent; a batch-bound engine (llm-d-inference-sim's 8 sequences) shows its cap as the fleet's
-    largest running count from the first busy scrape. Why the room: an engine bound by its KV cache (a vLLM-like
-    one under long prompts) runs fewer requests than it has before whenever its blocks are taken, and then a
-    request waits for blocks, which the holder of its prefix needs fewest of; a cache without room for the
-    whole prompt is that case. Unknown usage or capacity shows nothing. Stricter than ``has_free_slot`` in that
-    an unknown cap is not free: this is for taking a credit back, not for passing a replica over."""
-    caps = slot_caps(candidates)
+def shown_to_start(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
+    """For each candidate, whether the engines have shown that a request sent now would start at once: below
+    its cap where one is confirmed, else below the most requests any replica was seen running at once
+    (``running_seen``; nothing is shown before the first scrape). Stricter than ``has_free_slot``, which
+    counts an unknown cap as free: this is for taking back a credit, not for passing a replica over."""
     return [
-        replica.outstanding_requests >= (cap if cap is not None else max(1, replica.running_seen))
-        and replica.kv_usage is not None
-        and replica.kv_capacity_tokens is not None
-        and (1.0 - replica.kv_usage) * replica.kv_capacity_tokens >= request.prompt_tokens
-        for replica, cap in zip(candidates, caps, strict=True)
+        replica.outstanding_requests < (cap if cap is not None else replica.running_seen)
+        for replica, cap in zip(candidates, slot_caps(candidates), strict=True)
     ]

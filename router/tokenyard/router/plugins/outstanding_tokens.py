@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenyard.router.framework import ReplicaSnapshot, RoutingRequest, Scorer
-from tokenyard.router.plugins.free_slot import waits_for_a_slot
+from tokenyard.router.plugins.free_slot import shown_to_start
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
 
 
@@ -42,20 +42,24 @@ def expected_load(
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     """``expected_load`` of each candidate, lower is better.
 
-    ``guard``: a replica where the request would wait for a batch slot (free_slot.waits_for_a_slot: at or past
-    its learned concurrency cap, or with none confirmed yet, the most requests any replica was seen running,
-    while its KV cache has room for the prompt) and that has far more requests in flight than the fewest among
-    the candidates (the hot-spot guard's request bound, prefix_cache.HotSpotGuard) is scored as if it cached
-    none of the prompt. Tokens cannot see a request's slot: a request whose prompt is cached owes few prefill
-    tokens yet holds a place in the engine's batch for its whole answer, and past the engine's cap it waits for
-    a running one to end. Priced only in tokens, a popular prefix's holder looks cheapest however many requests
-    it already queues, and the guard's withholding of prefixCache's credit alone does not stop it.
+    ``guard``: a replica that the engines have not shown would start the request at once (its requests in
+    flight at or past its learned concurrency cap, or with no cap confirmed, past the most requests any replica
+    was seen running at once: free_slot.shown_to_start) and that has far more requests in flight than the fewest
+    among the candidates (the hot-spot guard's request bound, prefix_cache.HotSpotGuard) is scored as if it
+    cached none of the prompt. Tokens cannot see a request's slot: a request whose prompt is cached owes few
+    prefill tokens yet holds a place in the engine's batch for its whole answer, and past the engine's cap it
+    waits for a running one to end. Priced only in tokens, a popular prefix's holder looks cheapest however
+    many requests it already queues, and the guard's withholding of prefixCache's credit alone does not stop it.
 
-    Why the slot condition as well as the bound: where the engine would start the request at once, or where it
-    would wait for KV blocks (which the holder of the prefix needs fewest of), the holder's cache really is work
-    saved however many requests it runs. Without it (the first form) the guard held the cache back from busy
-    holders on a vLLM-like engine and scattered the prefixes of many-tenant closed loops (core.py has the
-    figures of every form tried). The guard's token bound is not applied: tokens are this score's own measure."""
+    Why both conditions: where the engine has shown it starts that many requests at once, the holder's cached
+    prefix really is prefill saved, however many requests it runs; the request bound alone (the first form)
+    also held it back from busy holders with room. The running count seen, not only a confirmed cap, because a
+    cap is confirmed only once requests have queued, after the pile-up this guard is meant to prevent: on an
+    engine with a small batch the count seen stops at its cap from the first busy scrape. On an engine bound by
+    its KV cache or its step budget the count seen is only the most it has run so far, and a closed loop's
+    holders pass it while a long prefix would still be cheapest where it is cached: that is why this stays
+    opt-in (core.py has the figures of the five forms tried). The guard's token bound is not applied: tokens
+    are this score's own measure."""
 
     higher_is_better = False
 
@@ -69,10 +73,7 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         if self.guard:
             within_bound = self.guard.admits_requests(candidates)
-            admitted = [
-                ok or not waits
-                for ok, waits in zip(within_bound, waits_for_a_slot(request, candidates), strict=True)
-            ]
+            admitted = [ok or free for ok, free in zip(within_bound, shown_to_start(candidates), strict=True)]
         else:
             admitted = [True] * len(candidates)
         return [
