@@ -58,7 +58,7 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     engine with a small batch the count seen stops at its cap from the first busy scrape. On an engine bound by
     its KV cache or its step budget the count seen is only the most it has run so far, and a closed loop's
     holders pass it while a long prefix would still be cheapest where it is cached: that is why this stays
-    opt-in (core.py has the figures of the five forms tried). The guard's token bound is not applied: tokens
+    opt-in (core.py has the figures of the six forms tried). The guard's token bound is not applied: tokens
     are this score's own measure."""
 
     higher_is_better = False
