@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="a replica with far more requests in flight than the fewest (the hot-spot guard's request bound) "
-        "gets no cached-prefix discount in outstandingTokens (default: off)",
+        "and at or past its learned cap, or the most requests any replica was seen running, gets no "
+        "cached-prefix discount in outstandingTokens; for engines with a small --max-num-seqs (default: off)",
     )
     route.add_argument(
         "--prefill-progress",

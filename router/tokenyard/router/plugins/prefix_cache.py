@@ -38,15 +38,19 @@ class HotSpotGuard:
         limit = self.bound(min(loads))
         if requests is None:
             return [load <= limit for load in loads]
-        request_limit = self.request_bound(min(requests))
-        return [load <= limit and count <= request_limit for load, count in zip(loads, requests, strict=True)]
+        within = self.within_request_bound(requests)
+        return [load <= limit and ok for load, ok in zip(loads, within, strict=True)]
+
+    def within_request_bound(self, requests: Sequence[int]) -> list[bool]:
+        """For each count of requests in flight, whether it is within ``request_bound`` of the fewest."""
+        if not requests:
+            return []
+        limit = self.request_bound(min(requests))
+        return [count <= limit for count in requests]
 
     def admits_requests(self, candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
         """For each candidate, whether its requests in flight are within ``request_bound`` of the fewest."""
-        if not candidates:
-            return []
-        limit = self.request_bound(min(replica.outstanding_requests for replica in candidates))
-        return [replica.outstanding_requests <= limit for replica in candidates]
+        return self.within_request_bound([replica.outstanding_requests for replica in candidates])
 
     def admits(self, candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
         """For each candidate, whether its locality may count (``eligible`` on its tokens and requests)."""
