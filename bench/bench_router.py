@@ -9,7 +9,9 @@ hold every prompt of this small benchmark and locality would not matter).
 
 Policies:
 - tokenyard: `python -m tokenyard.router` (a separate process) as shipped: its default scorers, no tokenizer
-  (prompts hashed by character blocks), told nothing of output lengths but each request's max_tokens;
+  (prompts hashed by character blocks), told nothing of output lengths but each request's max_tokens; told the
+  engines' configured batch size (--engine-max-num-seqs, ENGINE_BATCH_SIZE), which in a cluster it reads from
+  the ModelDeployment;
 - round_robin, least_outstanding: dispatched by the load generator itself straight to the engines (no proxy
   hop, exact in-flight counts): the ideal, zero-overhead form of those balancers;
 - sglang:SETTING, vllm:SETTING: sglang-router 0.3.2 and vllm-router 0.1.17 with `--policy cache_aware` and the
@@ -101,8 +103,10 @@ from router_workloads import (
     words,
 )
 from router_workloads import WORKLOADS as ALL_WORKLOADS
+from tokenyard.core.engines import configured_batch_size
 from tokenyard.core.process import stop_process
 from tokenyard.router.proxy import carries_token
+from tokenyard.sim.model import MAX_NUM_SEQS as SIM_MAX_NUM_SEQS
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 ENGINES = int(os.environ.get("BENCH_ENGINES", "8"))
@@ -506,6 +510,16 @@ LLMD_ARGS = os.environ.get(
     "--inter-token-latency 20ms --time-factor-under-load 2 --max-model-len 32768",
 ).split()
 
+# The engines' configured batch size, as tokenyard is told it. In a cluster the router reads it from each
+# ModelDeployment's engine args (--max-num-seqs); here the backends are static, so it gets the same figure as
+# --engine-max-num-seqs: tokenyard.sim runs vLLM's default (256), llm-d-inference-sim LLMD_ARGS' --max-num-seqs
+# (its own default is 5). The peers have no such option. A variant whose flags include UNTOLD runs without it
+# (a labelled row: what a static-backend user who leaves the flag out gets).
+ENGINE_BATCH_SIZE = (
+    SIM_MAX_NUM_SEQS if ENGINE_KIND == "tokenyard-sim" else (configured_batch_size("Custom", LLMD_ARGS) or 5)
+)
+UNTOLD = "--bench-untold-batch-size"
+
 
 class LlmdFleet:
     """ENGINES llm-d-inference-sim processes, one per port. It has no endpoint that empties its cache, so a flush
@@ -683,6 +697,8 @@ class RouterProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if policy == "tokenyard" or policy in VARIANTS:
+            variant = VARIANTS.get(policy, [])
+            told = [] if UNTOLD in variant else ["--engine-max-num-seqs", str(ENGINE_BATCH_SIZE)]
             args = [
                 PY,
                 "-m",
@@ -697,8 +713,9 @@ class RouterProcess:
                 MODEL,
                 "--log-level",
                 "WARNING",
+                *told,
                 *TOKENYARD_ARGS,
-                *VARIANTS.get(policy, ()),
+                *(flag for flag in variant if flag != UNTOLD),
             ]
             for i, url in enumerate(engines):
                 args += ["--backend", f"e{i}={url}"]

@@ -134,6 +134,38 @@ def conflicting_args(kind: EngineKind, args: list[str]) -> list[str]:
     return problems
 
 
+# The flag that bounds how many requests an engine runs in one batch; the rest wait in its queue. vLLM v0.13.0
+# docs/configuration/engine_args.md: `--max-num-seqs` ("Maximum number of sequences to be processed in a single
+# iteration"); SGLang v0.5.x docs/advanced_features/server_arguments.md: `--max-running-requests`. Neither engine
+# exports it in /metrics, so the router reads it from the arguments the operator runs the engine with
+# (`configured_batch_size`); without it the router can only learn it once requests have queued.
+BATCH_SIZE_FLAGS: dict[EngineKind, tuple[str, ...]] = {
+    EngineKind.VLLM: ("--max-num-seqs",),
+    EngineKind.SGLANG: ("--max-running-requests",),
+    # A custom image runs its own entrypoint; an argument by either engine's name means the same there (the
+    # simulators llm-d-inference-sim and tokenyard.sim take --max-num-seqs too).
+    EngineKind.CUSTOM: ("--max-num-seqs", "--max-running-requests"),
+}
+
+
+def configured_batch_size(kind: EngineKind | str, args: list[str]) -> int | None:
+    """The batch size `args` set for an engine of `kind` (``--flag=N`` or ``--flag N``; the last one wins, as with
+    argparse), or None where they set none or set it to something other than a positive integer."""
+    try:
+        kind = EngineKind(kind)
+    except ValueError:
+        return None
+    spellings = {spelling for flag in BATCH_SIZE_FLAGS[kind] for spelling in _spellings(kind, flag)}
+    found: str | None = None
+    for index, arg in enumerate(args):
+        flag, sep, value = str(arg).partition("=")
+        if flag in spellings:
+            found = value if sep else (str(args[index + 1]) if index + 1 < len(args) else "")
+    if found is None or not found.strip().isdigit() or int(found) < 1:
+        return None
+    return int(found)
+
+
 def _cel_sets_rendered_flag(kind: EngineKind) -> str:
     spellings = ", ".join(f"'{flag}'" for flag in flag_spellings(kind))
     return f"[{spellings}].exists(f, a == f || a.startsWith(f + '='))"

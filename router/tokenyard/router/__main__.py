@@ -18,6 +18,7 @@ from tokenyard.router.discovery import (
     StaticConfig,
     load_static_config,
     parse_backend,
+    parse_batch_size,
     parse_shadow,
     parse_traffic,
 )
@@ -69,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--backends-file", metavar="FILE", help="YAML with backends, traffic, shadow and routing.weights"
+    )
+    source.add_argument(
+        "--engine-max-num-seqs",
+        metavar="N",
+        help="requests each static backend runs at once (its --max-num-seqs, SGLang's --max-running-requests): "
+        "filter freeSlot and the load guard use it from the first request (default: learned once requests "
+        "queue; in a cluster it is read from the ModelDeployment)",
     )
     source.add_argument(
         "--served-model",
@@ -275,6 +283,13 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         weights = parse_weights(args.weights)
         if weights is not None:
             static.weights = weights
+        if args.engine_max_num_seqs is not None:
+            static.batch_size = parse_batch_size(args.engine_max_num_seqs, "--engine-max-num-seqs")
+    elif args.engine_max_num_seqs is not None:
+        raise ConfigError(
+            "--engine-max-num-seqs applies to --backend/--backends-file; in a cluster the router reads each "
+            "ModelDeployment's --max-num-seqs (or SGLang's --max-running-requests) from spec.engine.args"
+        )
     for flag in ("port", "metrics_port"):
         if not 0 <= getattr(args, flag) <= 65535:
             raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: not a port number")

@@ -153,9 +153,12 @@ class Pipeline:
                 continue
             options: dict[str, Any] = {"guard": guard} if name == "prefixCache" and guard else {}
             if name == "outstandingTokens":
-                options = {"miss_penalty": miss_penalty, "prefill_interference": prefill_interference}
-                if guarded_load:
-                    options["guard"] = guard or HotSpotGuard()
+                options = {
+                    "miss_penalty": miss_penalty,
+                    "prefill_interference": prefill_interference,
+                    "guard": guard or HotSpotGuard(),
+                    "guard_unconfigured": guarded_load,
+                }
             scorers.append((Scorer.build(name, **options), float(weight)))  # type: ignore[arg-type]
         filter_options: dict[str, dict[str, Any]] = {"notSaturated": {"limits": saturation}}
         built = [Filter.build(name, **filter_options.get(name, {})) for name in filters]

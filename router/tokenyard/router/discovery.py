@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from tokenyard.core import labels
+from tokenyard.core import engines, labels
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class ModelView:
     deployment: str = ""  # the ModelDeployment's namespace/name, for logs
     namespace: str = ""  # the ModelDeployment's namespace (a metric label); '' for static backends
     tokenizer: str | None = None  # spec.routing.tokenizer: how prompts are cut into blocks; None = characters
+    # Requests each replica runs at once, as configured (--max-num-seqs in spec.engine.args, or the router's
+    # --engine-max-num-seqs for static backends); None = not configured, learned from /metrics if it binds.
+    batch_size: int | None = None
 
 
 class ConfigError(ValueError):
@@ -136,6 +139,7 @@ def models_from_cluster(
         served = ((spec.get("model") or {}).get("servedModelName")) or name
         routing = spec.get("routing") or {}
         weights = routing.get("weights")
+        engine = spec.get("engine") or {}
         views[served] = ModelView(
             served_name=served,
             endpoints=ready_leaders(pods, name),
@@ -145,6 +149,10 @@ def models_from_cluster(
             deployment=f"{meta.get('namespace', '')}/{name}",
             namespace=str(meta.get("namespace") or ""),
             tokenizer=routing.get("tokenizer") or None,
+            # the operator renders vLLM unless told otherwise (the CRD's default kind)
+            batch_size=engines.configured_batch_size(
+                engine.get("kind") or engines.EngineKind.VLLM, list(engine.get("args") or ())
+            ),
         )
     return views
 
@@ -204,11 +212,20 @@ class StaticConfig:
     traffic: tuple[tuple[str, float], ...] = ()
     shadow: Shadow | None = None
     weights: dict[str, float] | None = None
+    batch_size: int | None = None  # each backend's --max-num-seqs, where the user gives it
+
+
+def parse_batch_size(value: Any, source: str) -> int:
+    """A configured batch size: a positive integer, else a ConfigError naming ``source``."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{source} {value!r}: expected the engines' --max-num-seqs, a positive integer")
+    return int(text)
 
 
 def load_static_config(path: str) -> StaticConfig:
     """A YAML file: ``backends: [URL-or-NAME=URL#REV, ...]``, ``traffic: {REV: WEIGHT}``,
-    ``shadow: {revision: REV, fraction: F}``, ``routing: {weights: {...}}``."""
+    ``shadow: {revision: REV, fraction: F}``, ``routing: {weights: {...}}``, ``engine: {maxNumSeqs: N}``."""
     try:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle) or {}
@@ -226,4 +243,7 @@ def load_static_config(path: str) -> StaticConfig:
     weights = (data.get("routing") or {}).get("weights")
     if weights:
         config.weights = {str(k): float(v) for k, v in weights.items()}
+    batch_size = (data.get("engine") or {}).get("maxNumSeqs")
+    if batch_size is not None:
+        config.batch_size = parse_batch_size(batch_size, f"--backends-file {path}: engine.maxNumSeqs")
     return config

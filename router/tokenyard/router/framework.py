@@ -34,8 +34,12 @@ class ReplicaSnapshot:
     # capacity in tokens as its /metrics reported it (None: not reported, so nothing is judged against it).
     kv_held_tokens: float = 0.0
     kv_capacity_tokens: int | None = None
-    # Requests the replica runs at once, learned from its /metrics (RouterState.record_stats); None: not seen.
+    # Requests the replica runs at once: learned from its /metrics (RouterState.record_stats), else its
+    # configured batch size; None: neither.
     concurrency: int | None = None
+    # Its configured batch size (--max-num-seqs in the ModelDeployment's engine args, --engine-max-num-seqs for
+    # static backends); None: not configured. Known before any request, unlike the learned cap.
+    batch_size: int | None = None
     # The most requests any replica of the fleet was scraped running at once (0: none scraped yet): what the
     # engines have shown they start without queueing, where no cap is confirmed (free_slot.shown_to_start).
     running_seen: int = 0

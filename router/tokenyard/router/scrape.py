@@ -345,7 +345,12 @@ class StaticDiscovery:
                 endpoints_by_model.setdefault(model, []).append(backend)
         return {
             model: ModelView(
-                model, tuple(endpoints), self.config.traffic, self.config.shadow, self.config.weights
+                model,
+                tuple(endpoints),
+                self.config.traffic,
+                self.config.shadow,
+                self.config.weights,
+                batch_size=self.config.batch_size,
             )
             for model, endpoints in endpoints_by_model.items()
         }

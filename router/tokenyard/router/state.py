@@ -176,6 +176,7 @@ class RouterState:
         self.fleet_concurrency = ConcurrencyCap.of_fleet()  # the same, judged over every replica's scrapes
         self.peer_caps: dict[str, int] = {}  # caps any router confirmed, shared through Redis (shared.py)
         self.running_seen = 0  # the most requests any replica here was scraped running (_note_running_seen)
+        self.batch_sizes: dict[str, int] = {}  # replica -> its configured batch size (ModelView.batch_size)
         self._pipelines: dict[tuple[tuple[str, float], ...] | None, Pipeline] = {}
 
     # --- views -----------------------------------------------------------------------------------------
@@ -185,6 +186,12 @@ class RouterState:
         before = {e.name: e for e in self.endpoints()}
         self.models = dict(views)
         after = {e.name for e in self.endpoints()}
+        self.batch_sizes = {
+            endpoint.name: view.batch_size
+            for view in self.models.values()
+            if view.batch_size is not None
+            for endpoint in view.endpoints
+        }
         gone = [endpoint for name, endpoint in before.items() if name not in after]
         for endpoint in gone:
             self.index.forget(endpoint.name)
@@ -302,6 +309,7 @@ class RouterState:
             kv_held_tokens=self.ledger.kv_held_tokens(endpoint.name),
             kv_capacity_tokens=self.kv_capacity_tokens.get(endpoint.name),  # only a reported figure
             concurrency=self.concurrency_of(endpoint.name),
+            batch_size=self.batch_sizes.get(endpoint.name),
             running_seen=self.running_seen,
         )
 
@@ -311,14 +319,17 @@ class RouterState:
 
     def concurrency_of(self, replica: str) -> int | None:
         """Requests ``replica`` runs at once: the cap this router confirmed for it, else the one its peers
-        confirmed (unless this router has seen it run more), else the fleet's, else unknown."""
+        confirmed (unless this router has seen it run more), else its configured batch size, else the fleet's,
+        else unknown. What an engine was seen to do comes first: a KV cache too small for its batch caps it
+        lower than configured."""
         own = self.concurrency.get(replica)
         if own is not None and own.cap is not None:
             return own.cap
         peer = self.peer_caps.get(replica)
         if peer is not None and (own is None or own.most_running <= peer):
             return peer
-        return self.fleet_concurrency.cap
+        configured = self.batch_sizes.get(replica)
+        return configured if configured is not None else self.fleet_concurrency.cap
 
     def confirmed_caps(self) -> dict[str, int]:
         """The caps this router has confirmed itself, by replica (what it shares with its peers)."""

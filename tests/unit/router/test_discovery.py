@@ -3,6 +3,7 @@ from tokenyard.core import labels
 from tokenyard.router.discovery import (
     ConfigError,
     Endpoint,
+    load_static_config,
     models_from_cluster,
     parse_backend,
     parse_shadow,
@@ -107,3 +108,27 @@ def test_static_backend_specs():
     assert parse_shadow("v2=0.1").fraction == 0.1
     with pytest.raises(ConfigError, match="--shadow"):
         parse_shadow("v2")
+
+
+def test_the_configured_batch_size_comes_from_the_engine_args_of_the_deployment():
+    def batch_size(engine):
+        body = deployment()
+        if engine is not None:
+            body["spec"]["engine"] = engine
+        return models_from_cluster([pod("a-0")], [body])["llama"].batch_size
+
+    assert batch_size({"args": ["--max-num-seqs=8"]}) == 8  # kind defaults to vLLM, as in the CRD
+    assert batch_size({"kind": "SGLang", "args": ["--max-running-requests", "24"]}) == 24
+    assert batch_size({"kind": "SGLang", "args": ["--max-num-seqs=24"]}) is None
+    assert batch_size({"args": []}) is None
+    assert batch_size(None) is None
+
+
+def test_a_backends_file_configures_the_batch_size_and_a_bad_one_is_named(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("backends: [a=http://127.0.0.1:8001]\nengine: {maxNumSeqs: 16}\n")
+    assert load_static_config(str(good)).batch_size == 16
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("backends: [a=http://127.0.0.1:8001]\nengine: {maxNumSeqs: -2}\n")
+    with pytest.raises(ConfigError, match=r"engine\.maxNumSeqs -2"):
+        load_static_config(str(bad))

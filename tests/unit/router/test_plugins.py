@@ -323,3 +323,38 @@ def test_guarded_load_leaves_the_cache_its_credit_where_the_engines_showed_the_h
     assert choice(cap=None, running_seen=20) == "holder"
     assert choice(cap=None, running_seen=0) == "cold"
     assert choice(cap=None, running_seen=8) == "cold"
+
+
+def test_the_default_load_score_guards_only_replicas_whose_configured_batch_is_full():
+    """Shipped defaults: past the request bound (1.5 x 2 + 4 = 7), the prefix holder's cache saves it nothing
+    where its configured batch size says the request would wait (13 in flight, batch of 8); with a batch of
+    256, or none configured (nothing known before a queue shows), its cache keeps its credit."""
+
+    def choice(batch_size, concurrency=None):
+        replicas = [
+            snap(
+                "holder",
+                outstanding_tokens=1_700,
+                outstanding_requests=13,
+                batch_size=batch_size,
+                concurrency=concurrency if concurrency is not None else batch_size,
+            ),
+            snap(
+                "cold",
+                outstanding_tokens=300,
+                outstanding_requests=2,
+                batch_size=batch_size,
+                concurrency=concurrency if concurrency is not None else batch_size,
+            ),
+        ]
+        decision = Pipeline.from_config().decide(
+            request(1_600, {"holder": 1_500}), replicas, random.Random(1)
+        )
+        assert decision.replica is not None
+        return decision.replica.name
+
+    assert choice(batch_size=8) == "cold"
+    assert choice(batch_size=256) == "holder"
+    assert choice(batch_size=None) == "holder"
+    assert choice(batch_size=None, concurrency=2) == "holder"  # a learned cap alone: only with --guarded-load
+    assert choice(batch_size=256, concurrency=10) == "cold"  # configured, but the engine showed it runs 10

@@ -1,4 +1,5 @@
 import random
+from dataclasses import replace
 
 import pytest
 from tokenyard.router.__main__ import build_parser, options_from_args, parse_weights
@@ -88,6 +89,7 @@ def test_a_replicas_concurrency_is_learned_when_it_reports_requests_waiting():
     assert FLEET_CAP_REPLICAS == 2
     fleet.record_stats("b", EngineStats(scraped_at=1.0, waiting=1.0, running=8.0))  # a second replica at it
     assert [fleet.concurrency_of(name) for name in "abc"] == [8, 8, 8]
+
     assert fleet.concurrency["a"].cap is None  # one scrape of its own is not enough for a replica
     fleet.record_stats(
         "a", EngineStats(scraped_at=1.0, waiting=0.0, running=12.0)
@@ -108,6 +110,19 @@ def test_a_replicas_concurrency_is_learned_when_it_reports_requests_waiting():
     assert replaced.running_seen == 4  # what the replicas that left ran is no longer evidence
     state.set_models({})  # the replica went away: what was learned of it goes too
     assert "a" not in state.concurrency
+
+
+def test_a_configured_batch_size_is_the_cap_until_the_engine_shows_a_smaller_one():
+    state = state_with([Endpoint("a", "http://a"), Endpoint("b", "http://b")], batch_size=8)
+    a, b = state.models["m"].endpoints
+    assert (state.snapshot(a, now=0.0).concurrency, state.snapshot(a, now=0.0).batch_size) == (8, 8)
+    # a's KV cache holds only 5 at once: requests wait with 5 running, scrape after scrape
+    for second in range(CAP_CONFIRMATIONS):
+        state.record_stats("a", EngineStats(scraped_at=float(second), waiting=2.0, running=5.0))
+    assert state.snapshot(a, now=3.0).concurrency == 5
+    assert state.snapshot(b, now=3.0).concurrency == 8  # b showed nothing: its configured size holds
+    state.set_models({"m": replace(state.models["m"], batch_size=None)})  # the deployment dropped the flag
+    assert state.snapshot(b, now=3.0).batch_size is None and state.snapshot(b, now=3.0).concurrency is None
 
 
 def test_routing_blocks_follow_the_engine_block_or_group_small_pages():
@@ -244,6 +259,14 @@ def test_cli_arguments():
         )
     with pytest.raises(ConfigError, match="--weights"):
         parse_weights("bogus=1")
+    backend = ["--backend", "a=http://127.0.0.1:1"]
+    assert options_from_args(parser.parse_args(backend)).static.batch_size is None
+    configured = options_from_args(parser.parse_args([*backend, "--engine-max-num-seqs", "8"]))
+    assert configured.static.batch_size == 8
+    with pytest.raises(ConfigError, match="--engine-max-num-seqs '0'"):
+        options_from_args(parser.parse_args([*backend, "--engine-max-num-seqs", "0"]))
+    with pytest.raises(ConfigError, match="ModelDeployment"):  # a cluster's deployments say it themselves
+        options_from_args(parser.parse_args(["--in-cluster", "--engine-max-num-seqs", "8"]))
     with pytest.raises(SystemExit) as bad:
         parser.parse_args(["--port", "x"])
     assert bad.value.code == 2

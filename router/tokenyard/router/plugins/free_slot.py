@@ -51,3 +51,15 @@ def shown_to_start(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
         replica.outstanding_requests < (cap if cap is not None else replica.running_seen)
         for replica, cap in zip(candidates, slot_caps(candidates), strict=True)
     ]
+
+
+def known_to_wait(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
+    """For each candidate, whether its batch size is configured and a request sent now would wait for a slot:
+    its requests in flight at or past its cap (``concurrency``: the configured size, or a smaller one learned
+    from its /metrics). False wherever no batch size is configured: then nothing is known before a queue shows."""
+    return [
+        replica.batch_size is not None
+        and replica.outstanding_requests
+        >= (replica.concurrency if replica.concurrency is not None else replica.batch_size)
+        for replica in candidates
+    ]

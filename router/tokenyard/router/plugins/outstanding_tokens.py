@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenyard.router.framework import ReplicaSnapshot, RoutingRequest, Scorer
-from tokenyard.router.plugins.free_slot import shown_to_start
+from tokenyard.router.plugins.free_slot import known_to_wait, shown_to_start
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
 
 
@@ -42,38 +42,50 @@ def expected_load(
 class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     """``expected_load`` of each candidate, lower is better.
 
-    ``guard``: a replica that the engines have not shown would start the request at once (its requests in
-    flight at or past its learned concurrency cap, or with no cap confirmed, past the most requests any replica
-    was seen running at once: free_slot.shown_to_start) and that has far more requests in flight than the fewest
-    among the candidates (the hot-spot guard's request bound, prefix_cache.HotSpotGuard) is scored as if it
-    cached none of the prompt. Tokens cannot see a request's slot: a request whose prompt is cached owes few
-    prefill tokens yet holds a place in the engine's batch for its whole answer, and past the engine's cap it
-    waits for a running one to end. Priced only in tokens, a popular prefix's holder looks cheapest however
-    many requests it already queues, and the guard's withholding of prefixCache's credit alone does not stop it.
+    ``guard``: a replica that would make the request wait for a batch slot and that has far more requests in
+    flight than the fewest among the candidates (the hot-spot guard's request bound, prefix_cache.HotSpotGuard)
+    is scored as if it cached none of the prompt. Tokens cannot see a request's slot: a request whose prompt is
+    cached owes few prefill tokens yet holds a place in the engine's batch for its whole answer, and past the
+    engine's batch size it waits for a running one to end. Priced only in tokens, a popular prefix's holder
+    looks cheapest however many requests it already queues, and the guard's withholding of prefixCache's
+    credit alone does not stop it.
 
-    Why both conditions: where the engine has shown it starts that many requests at once, the holder's cached
-    prefix really is prefill saved, however many requests it runs; the request bound alone (the first form)
-    also held it back from busy holders with room. The running count seen, not only a confirmed cap, because a
-    cap is confirmed only once requests have queued, after the pile-up this guard is meant to prevent: on an
-    engine with a small batch the count seen stops at its cap from the first busy scrape. On an engine bound by
-    its KV cache or its step budget the count seen is only the most it has run so far, and a closed loop's
-    holders pass it while a long prefix would still be cheapest where it is cached: that is why this stays
-    opt-in (core.py has the figures of the six forms tried). The guard's token bound is not applied: tokens
-    are this score's own measure."""
+    Which replicas would make it wait: by default only those whose batch size is configured (ModelView
+    .batch_size, free_slot.known_to_wait) and that hold that many requests or more. With
+    ``guard_unconfigured`` (--guarded-load) also the others, judged by their learned cap or, with none
+    confirmed, by the most requests any replica was seen running (free_slot.shown_to_start): a learned cap is
+    confirmed only once requests have queued, after the pile-up this guard is meant to prevent, while the count
+    seen stops at a small batch from the first busy scrape. On an engine bound by its KV cache or step budget
+    the count seen is only the most it has run so far, and a long prefix would still be cheapest where it is
+    cached: that is why the wider form stays opt-in (core.py has the figures of the forms tried).
+
+    Why the request bound as well: where the engine starts the request at once, the holder's cached prefix
+    really is prefill saved, and where every replica is full the holder is no worse a place to wait unless it
+    queues far more than the others. The guard's token bound is not applied: tokens are this score's own
+    measure."""
 
     higher_is_better = False
 
     def __init__(
-        self, miss_penalty: float = 0.0, prefill_interference: bool = False, guard: HotSpotGuard | None = None
+        self,
+        miss_penalty: float = 0.0,
+        prefill_interference: bool = False,
+        guard: HotSpotGuard | None = None,
+        guard_unconfigured: bool = False,
     ) -> None:
         self.miss_penalty = miss_penalty
         self.prefill_interference = prefill_interference
         self.guard = guard
+        self.guard_unconfigured = guard_unconfigured
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         if self.guard:
             within_bound = self.guard.admits_requests(candidates)
-            admitted = [ok or free for ok, free in zip(within_bound, shown_to_start(candidates), strict=True)]
+            if self.guard_unconfigured:
+                starts = shown_to_start(candidates)
+            else:
+                starts = [not waits for waits in known_to_wait(candidates)]
+            admitted = [ok or start for ok, start in zip(within_bound, starts, strict=True)]
         else:
             admitted = [True] * len(candidates)
         return [
