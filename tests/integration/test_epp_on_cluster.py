@@ -50,15 +50,20 @@ pytestmark = pytest.mark.integration
 
 # the router's --max-outstanding-requests (per replica); the other tests stay well below it
 SATURATION_LIMIT = 8
+POOL_BATCH_SIZE = 32
 
 
 def deployment(
-    name: str, replicas: int, time_scale: float | None = None, rollout: dict | None = None
+    name: str,
+    replicas: int,
+    time_scale: float | None = None,
+    rollout: dict | None = None,
+    args: list[str] | None = None,
 ) -> dict:
     env = [] if time_scale is None else [{"name": labels.ENV_SIM_TIME_SCALE, "value": str(time_scale)}]
     spec = {
         "model": {"servedModelName": f"{name}-model", "weights": {"uri": "hf://meta-llama/Llama-3.1-8B"}},
-        "engine": {"image": "vllm/vllm-openai:v0.13.0", "env": env},
+        "engine": {"image": "vllm/vllm-openai:v0.13.0", "env": env, "args": args or []},
         "parallelism": {"tensor": 1},
         "replicas": replicas,
     }
@@ -77,7 +82,8 @@ CANARY_ROLLOUT = {"strategy": "Canary", "drainSeconds": 1, "steps": [{"setWeight
 # together. Time scales: the module's 0.02 for the traffic tests, 15 times slower for the kill (so that streams are
 # open when it strikes), real time for saturation (2000-token streams that stay open while the test looks).
 DEPLOYMENTS = {
-    "pool": deployment("pool", 3),
+    # a batch of 32: more than the traffic tests ever run at once on one replica, so it changes none of them
+    "pool": deployment("pool", 3, args=[f"--max-num-seqs={POOL_BATCH_SIZE}"]),
     "canary": deployment("canary", 2, rollout=CANARY_ROLLOUT),
     "kill": deployment("kill", 3, time_scale=0.3),
     "full": deployment("full", 1, time_scale=1.0),
@@ -342,6 +348,37 @@ def test_traffic_through_the_operators_pool_spreads_and_keeps_prefixes_together(
     print(f"prefix locality, replicas per topic over 4 rounds: {[len(set(r)) for r in by_topic.values()]}")
     assert all(len(set(replicas)) == 1 for replicas in by_topic.values()), by_topic
     assert len({replicas[0] for replicas in by_topic.values()}) > 1, f"every topic on one replica: {by_topic}"
+
+
+def test_the_router_knows_each_replicas_batch_size_from_the_deployment(stack):
+    """The pool's engine args set --max-num-seqs: the router exports it as each replica's cap (the freeSlot
+    filter's and the load guard's) before any request has queued there, where from /metrics alone it would learn
+    it only once requests wait (the gauge reads 0 while the cap is unknown)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wait_for(ready(stack, "pool", 3), timeout=90, interval=0.5, what="3 groups of pool")
+    leaders = {
+        pod.metadata.name
+        for pod in stack["core"]
+        .list_namespaced_pod(stack["namespace"], label_selector=f"{labels.MODEL_DEPLOYMENT}=pool")
+        .items
+        if (pod.metadata.labels or {}).get(labels.ROLE) == labels.ROLE_LEADER
+    }
+    assert len(leaders) == 3, leaders
+
+    def caps():
+        with urllib.request.urlopen(stack["metrics"], timeout=5) as response:
+            text = response.read().decode()
+        found = {
+            sample.labels["replica"]: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "tokenyard_router_replica_concurrency" and sample.labels["replica"] in leaders
+        }
+        return found if len(found) == len(leaders) else None
+
+    exported = wait_for(caps, timeout=30, interval=0.3, what="the router's gauges of the pool's replicas")
+    assert exported == dict.fromkeys(leaders, float(POOL_BATCH_SIZE)), exported
 
 
 def test_canary_weight_from_the_status_holds_through_the_picker(stack):

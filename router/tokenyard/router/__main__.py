@@ -173,9 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--guarded-load",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="a replica with far more requests in flight than the fewest (the hot-spot guard's request bound) "
-        "and at or past its learned cap, or the most requests any replica was seen running, gets no "
-        "cached-prefix discount in outstandingTokens; for engines with a small --max-num-seqs (default: off)",
+        help="the load guard judges replicas with no configured batch size too: one with far more requests in "
+        "flight than the fewest (the hot-spot guard's request bound) and at or past its learned cap, or the "
+        "most requests any replica was seen running, gets no cached-prefix discount in outstandingTokens; for "
+        "engines with a small batch that the router is not told of (default: off; with a configured batch "
+        "size, see --engine-max-num-seqs, the guard acts by default)",
     )
     route.add_argument(
         "--prefill-progress",

@@ -91,10 +91,13 @@ DEFAULT_MISS_PENALTY = 0.5
 #   won multi_turn (p99 0.204 -> 0.174 s, 1,379 -> 1,455 tok/s, imbalance 2.8 -> 1.4) but raised p99 on
 #   shared_prefix_70 (0.469 -> 0.542 s) and shared_prefix_95 (0.552 -> 0.715 s) and cost no_sharing 6% of its
 #   tokens/s (774 -> 724), so by the rule above it stays off.
-# outstandingTokens under the hot-spot guard (guarded_load, plugins/outstanding_tokens.py; on with --guarded-load),
-# NOT a default: found on llm-d-inference-sim, whose 8-request batch made a prefix holder with 13 requests in flight
-# the load score's best choice (README, "On an engine nobody here wrote"). Forms tried, each side by side with the
-# default in one run (3 rounds; TTFT p99 open loop, tokens/s closed loop; files in bench/results/):
+# outstandingTokens under the hot-spot guard (plugins/outstanding_tokens.py): found on llm-d-inference-sim, whose
+# 8-request batch made a prefix holder with 13 requests in flight the load score's best choice (README, "On an
+# engine nobody here wrote"). A DEFAULT in form 7 below, which acts only where a batch size is configured and so
+# decides exactly as before on tokenyard.sim's tuning workloads (told vLLM's default of 256, which no replica
+# reaches there); --guarded-load adds form 3 for replicas with none configured. Forms tried, each side by side
+# with the default of the day in one run (3 rounds; TTFT p99 open loop, tokens/s closed loop; files in
+# bench/results/):
 # 1. Past the guard's request bound (1.5x the fewest + 4). tokenyard.sim tuning workloads neutral (router-guarded-
 #    load-tuning-2026-12-06.txt: p99 0.459 -> 0.467, 0.473 -> 0.471, 0.231 -> 0.229; no_sharing has no shared prefix
 #    and decides alike); held out, zipf_tenants 532 -> 340 tok/s, long_documents 780 -> 168, tenant_surge p99 0.458
@@ -103,7 +106,7 @@ DEFAULT_MISS_PENALTY = 0.5
 # 2. And at or past a confirmed cap: llm-d shared_prefix_70 p99 0.593 -> 0.802 (router-llm-d-guarded-load-at-cap-
 #    2026-12-07.txt). A cap is confirmed after the pile-up, and then freeSlot already passes the full replica over.
 # 3. And at or past the confirmed cap, else the most requests any replica was seen running (running_seen;
-#    free_slot.shown_to_start) -- THE FORM THE FLAG HAS. llm-d p99 shared_prefix_70 0.876 -> 0.264, shared_prefix_95
+#    free_slot.shown_to_start) -- what --guarded-load adds. llm-d p99 shared_prefix_70 0.876 -> 0.264, shared_prefix_95
 #    0.586 -> 0.394, multi_turn 0.369 -> 0.117, tenant_surge 2.567 -> 0.265, tokens/s within 0.7% (router-llm-d-
 #    guarded-shown-2026-12-07.txt); tokenyard.sim held out zipf_tenants 536 -> 465 tok/s, long_documents 913 -> 327
 #    (router-guarded-load-shown-held-out-2026-12-07.txt).
@@ -117,9 +120,12 @@ DEFAULT_MISS_PENALTY = 0.5
 #    928 -> 479 (router-guarded-load-room-held-out-2026-12-07.txt): a long document's holder with room still waits
 #    on its step budget, and the cold replica prefills the whole document.
 # The difficulty: before a queue shows, nothing the engines export tells a batch-bound engine's most-run count
-# (its cap) from a KV- or budget-bound engine's (the most it has run so far). What would: the engine's configured
-# batch size (not among vLLM's documented metrics; cache_config_info is the cache's config only), which the operator
-# knows where a ModelDeployment's engine arguments set --max-num-seqs; or a cap shared by earlier routers (shared.py).
+# (its cap) from a KV- or budget-bound engine's (the most it has run so far). What does: the engine's configured
+# batch size (not among vLLM's documented metrics; cache_config_info is the cache's config only), which a
+# ModelDeployment's engine arguments carry (--max-num-seqs, SGLang's --max-running-requests) and a static
+# router is given with --engine-max-num-seqs. Hence
+# 7. Past the request bound and at or past the configured batch size (free_slot.known_to_wait; nothing where none
+#    is configured) -- THE DEFAULT. llm-d, told --max-num-seqs 8, against the same router untold: FIGURES7.
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,

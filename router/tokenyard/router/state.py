@@ -97,7 +97,7 @@ class RouterSettings:
     retry_after_s: int = 1
     miss_penalty: float = DEFAULT_MISS_PENALTY  # see plugins.outstanding_tokens.expected_load
     prefill_interference: bool = False  # likewise
-    guarded_load: bool = False  # the hot-spot guard holds outstandingTokens' cache discount too (core.py)
+    guarded_load: bool = False  # the load guard also judges replicas with no configured batch size (core.py)
     # Count the prefill a replica has likely done on our oldest open prompt there (accounting.LoadLedger.prefill_done).
     # Off by default: on bench-router's tuning workloads (one run, 3 rounds, 2026-12-04, BENCH_VARIANTS) it removed
     # no_sharing's burst tail (TTFT p99 0.320 -> 0.270 s, rounds 0.31/0.41/0.30 -> 0.27/0.27/0.27; round robin
@@ -319,17 +319,17 @@ class RouterState:
 
     def concurrency_of(self, replica: str) -> int | None:
         """Requests ``replica`` runs at once: the cap this router confirmed for it, else the one its peers
-        confirmed (unless this router has seen it run more), else its configured batch size, else the fleet's,
-        else unknown. What an engine was seen to do comes first: a KV cache too small for its batch caps it
-        lower than configured."""
+        confirmed (unless this router has seen it run more), else the fleet's, else its configured batch size,
+        else unknown. What the engines were seen to do comes first: a KV cache too small for the batch caps
+        them lower than configured."""
         own = self.concurrency.get(replica)
         if own is not None and own.cap is not None:
             return own.cap
         peer = self.peer_caps.get(replica)
         if peer is not None and (own is None or own.most_running <= peer):
             return peer
-        configured = self.batch_sizes.get(replica)
-        return configured if configured is not None else self.fleet_concurrency.cap
+        fleet = self.fleet_concurrency.cap
+        return fleet if fleet is not None else self.batch_sizes.get(replica)
 
     def confirmed_caps(self) -> dict[str, int]:
         """The caps this router has confirmed itself, by replica (what it shares with its peers)."""

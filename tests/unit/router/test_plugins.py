@@ -357,4 +357,6 @@ def test_the_default_load_score_guards_only_replicas_whose_configured_batch_is_f
     assert choice(batch_size=256) == "holder"
     assert choice(batch_size=None) == "holder"
     assert choice(batch_size=None, concurrency=2) == "holder"  # a learned cap alone: only with --guarded-load
-    assert choice(batch_size=256, concurrency=10) == "cold"  # configured, but the engine showed it runs 10
+    # a learned cap below the configured size feeds freeSlot, not this guard: it may be only where a KV-bound
+    # engine last queued
+    assert choice(batch_size=256, concurrency=2) == "holder"

@@ -54,12 +54,11 @@ def shown_to_start(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
 
 
 def known_to_wait(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
-    """For each candidate, whether its batch size is configured and a request sent now would wait for a slot:
-    its requests in flight at or past its cap (``concurrency``: the configured size, or a smaller one learned
-    from its /metrics). False wherever no batch size is configured: then nothing is known before a queue shows."""
+    """For each candidate, whether its batch size is configured and full: a request sent now would wait for a
+    running one to end. By the configured size alone, not a learned cap: a cap learned on an engine bound by its
+    KV cache or step budget is only where it last queued, and a long prefix may still be cheapest where it is
+    cached. False wherever no batch size is configured: then nothing is known before a queue shows."""
     return [
-        replica.batch_size is not None
-        and replica.outstanding_requests
-        >= (replica.concurrency if replica.concurrency is not None else replica.batch_size)
+        replica.batch_size is not None and replica.outstanding_requests >= replica.batch_size
         for replica in candidates
     ]

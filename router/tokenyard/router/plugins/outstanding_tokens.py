@@ -51,7 +51,8 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     credit alone does not stop it.
 
     Which replicas would make it wait: by default only those whose batch size is configured (ModelView
-    .batch_size, free_slot.known_to_wait) and that hold that many requests or more. With
+    .batch_size, free_slot.known_to_wait) and that hold that many requests or more; known from the first
+    request, and never reached where the batch is not what binds (vLLM's default of 256). With
     ``guard_unconfigured`` (--guarded-load) also the others, judged by their learned cap or, with none
     confirmed, by the most requests any replica was seen running (free_slot.shown_to_start): a learned cap is
     confirmed only once requests have queued, after the pile-up this guard is meant to prevent, while the count
