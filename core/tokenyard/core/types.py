@@ -181,7 +181,11 @@ class Engine(ApiModel):
     args: list[EngineArg] = Field(
         default_factory=list,
         max_length=64,
-        description="Arguments of the engine container; for vLLM and SGLang, appended after the rendered ones.",
+        description=(
+            "Arguments of the engine container; for vLLM and SGLang, appended after the rendered ones. The router "
+            "reads the batch size from them (--max-num-seqs, SGLang's --max-running-requests) and prefers replicas "
+            "with a free slot by it from the first request."
+        ),
     )
     env: list[EnvVar] = Field(default_factory=list, description="Environment of the engine container.")
     port: int = Field(

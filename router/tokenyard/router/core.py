@@ -125,7 +125,11 @@ DEFAULT_MISS_PENALTY = 0.5
 # ModelDeployment's engine arguments carry (--max-num-seqs, SGLang's --max-running-requests) and a static
 # router is given with --engine-max-num-seqs. Hence
 # 7. Past the request bound and at or past the configured batch size (free_slot.known_to_wait; nothing where none
-#    is configured) -- THE DEFAULT. llm-d, told --max-num-seqs 8, against the same router untold: FIGURES7.
+#    is configured) -- THE DEFAULT. llm-d told --max-num-seqs 8, against the same router untold (the defaults
+#    before) and round robin: p99 0.274 / 0.513 / 0.309 shared_prefix_70, 0.384 / 0.491 / 0.589 shared_prefix_95,
+#    0.129 / 0.390 / 0.143 multi_turn, 0.265 / 2.280 / 0.309 tenant_surge; tokens/s 0.2-0.6% below untold, 0.9-5%
+#    above round robin (router-llm-d-batch-size-told-2026-12-07.txt). On tokenyard.sim (told 256) no replica
+#    reaches its batch, so it decides as the defaults before it did, tuning and held-out workloads alike.
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,

@@ -34,8 +34,7 @@ class ReplicaSnapshot:
     # capacity in tokens as its /metrics reported it (None: not reported, so nothing is judged against it).
     kv_held_tokens: float = 0.0
     kv_capacity_tokens: int | None = None
-    # Requests the replica runs at once: learned from its /metrics (RouterState.record_stats), else its
-    # configured batch size; None: neither.
+    # Requests the replica runs at once, learned from its /metrics (RouterState.record_stats); None: not seen.
     concurrency: int | None = None
     # Its configured batch size (--max-num-seqs in the ModelDeployment's engine args, --engine-max-num-seqs for
     # static backends); None: not configured. Known before any request, unlike the learned cap.

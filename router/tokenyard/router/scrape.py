@@ -253,9 +253,7 @@ class EngineProber:
             load = self.state.load(endpoint.name)
             self.metrics.outstanding_tokens.labels(endpoint.name).set(max(0, load.tokens))
             self.metrics.outstanding_requests.labels(endpoint.name).set(max(0, load.requests))
-            self.metrics.replica_concurrency.labels(endpoint.name).set(
-                self.state.concurrency_of(endpoint.name) or 0
-            )
+            self.metrics.replica_concurrency.labels(endpoint.name).set(self.state.cap_of(endpoint.name) or 0)
             stats = self.state.stats.get(endpoint.name)
             stale = stats is None or not stats.fresh(now, self.state.settings.metrics_max_age_s)
             self.metrics.metrics_stale.labels(endpoint.name).set(1 if stale else 0)

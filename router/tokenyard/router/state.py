@@ -319,17 +319,20 @@ class RouterState:
 
     def concurrency_of(self, replica: str) -> int | None:
         """Requests ``replica`` runs at once: the cap this router confirmed for it, else the one its peers
-        confirmed (unless this router has seen it run more), else the fleet's, else its configured batch size,
-        else unknown. What the engines were seen to do comes first: a KV cache too small for the batch caps
-        them lower than configured."""
+        confirmed (unless this router has seen it run more), else the fleet's, else unknown. Learned only; the
+        configured batch size is ``batch_sizes`` (free_slot.slot_caps weighs the two)."""
         own = self.concurrency.get(replica)
         if own is not None and own.cap is not None:
             return own.cap
         peer = self.peer_caps.get(replica)
         if peer is not None and (own is None or own.most_running <= peer):
             return peer
-        fleet = self.fleet_concurrency.cap
-        return fleet if fleet is not None else self.batch_sizes.get(replica)
+        return self.fleet_concurrency.cap
+
+    def cap_of(self, replica: str) -> int | None:
+        """Requests ``replica`` runs at once as far as anything says: learned, else configured (for /metrics)."""
+        learned = self.concurrency_of(replica)
+        return learned if learned is not None else self.batch_sizes.get(replica)
 
     def confirmed_caps(self) -> dict[str, int]:
         """The caps this router has confirmed itself, by replica (what it shares with its peers)."""

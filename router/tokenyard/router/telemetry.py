@@ -120,7 +120,8 @@ class RouterMetrics:
         )
         self.replica_concurrency = Gauge(
             "tokenyard_router_replica_concurrency",
-            "Requests the replica runs at once, as learned from its /metrics (filter freeSlot); 0 while unknown.",
+            "Requests the replica runs at once, as learned from its /metrics, else its configured batch size "
+            "(filter freeSlot); 0 while unknown.",
             ["replica"],
             registry=r,
         )

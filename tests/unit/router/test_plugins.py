@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenyard.router.core import DEFAULT_FILTERS, DEFAULT_MISS_PENALTY, Pipeline
 from tokenyard.router.framework import NEUTRAL_SCORE, RoutingRequest
-from tokenyard.router.plugins.free_slot import FreeSlotFilter
+from tokenyard.router.plugins.free_slot import FreeSlotFilter, slot_caps
 from tokenyard.router.plugins.kv_cache import KvCacheScorer
 from tokenyard.router.plugins.kv_fits import KvFitsFilter
 from tokenyard.router.plugins.not_saturated import NotSaturatedFilter, SaturationLimits
@@ -360,3 +360,15 @@ def test_the_default_load_score_guards_only_replicas_whose_configured_batch_is_f
     # a learned cap below the configured size feeds freeSlot, not this guard: it may be only where a KV-bound
     # engine last queued
     assert choice(batch_size=256, concurrency=2) == "holder"
+
+
+def test_free_slot_takes_the_configured_batch_size_until_a_cap_is_learned():
+    """From the first request a replica whose configured batch is full is passed over; a cap learned on any
+    candidate (an engine whose KV cache runs fewer than its batch) comes before the configured size."""
+    full, free = (
+        snap("full", outstanding_requests=4, batch_size=4),
+        snap("free", outstanding_requests=3, batch_size=4),
+    )
+    assert [r.name for r in FreeSlotFilter().apply(request(), [full, free])] == ["free"]
+    assert slot_caps([snap("a", batch_size=8), snap("b", batch_size=8, concurrency=5)]) == [5, 5]
+    assert slot_caps([snap("a"), snap("b")]) == [None, None]

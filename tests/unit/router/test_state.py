@@ -115,14 +115,15 @@ def test_a_replicas_concurrency_is_learned_when_it_reports_requests_waiting():
 def test_a_configured_batch_size_is_the_cap_until_the_engine_shows_a_smaller_one():
     state = state_with([Endpoint("a", "http://a"), Endpoint("b", "http://b")], batch_size=8)
     a, b = state.models["m"].endpoints
-    assert (state.snapshot(a, now=0.0).concurrency, state.snapshot(a, now=0.0).batch_size) == (8, 8)
+    first = state.snapshot(a, now=0.0)
+    assert (first.batch_size, first.concurrency, state.cap_of("a")) == (8, None, 8)  # configured, not learned
     # a's KV cache holds only 5 at once: requests wait with 5 running, scrape after scrape
     for second in range(CAP_CONFIRMATIONS):
         state.record_stats("a", EngineStats(scraped_at=float(second), waiting=2.0, running=5.0))
-    assert state.snapshot(a, now=3.0).concurrency == 5
-    assert state.snapshot(b, now=3.0).concurrency == 8  # b showed nothing: its configured size holds
+    assert state.snapshot(a, now=3.0).concurrency == 5 and state.cap_of("a") == 5
+    assert state.cap_of("b") == 8  # b showed nothing: its configured size holds
     state.set_models({"m": replace(state.models["m"], batch_size=None)})  # the deployment dropped the flag
-    assert state.snapshot(b, now=3.0).batch_size is None and state.snapshot(b, now=3.0).concurrency is None
+    assert state.snapshot(b, now=3.0).batch_size is None and state.cap_of("b") is None
 
 
 def test_routing_blocks_follow_the_engine_block_or_group_small_pages():

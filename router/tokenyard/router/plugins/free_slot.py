@@ -17,7 +17,8 @@ class FreeSlotFilter(Filter, name="freeSlot"):
 
     A replica whose cap has not been confirmed is taken to have the smallest cap confirmed among the candidates
     (the replicas of one model are alike as a rule): counted as free, it would draw every request the others
-    turn away. With no cap known anywhere every replica is free. A preference, never a rejection: when no
+    turn away. With no cap learned anywhere, a replica's configured batch size (ModelView.batch_size) is its cap
+    from the first request; with neither, every replica is free. A preference, never a rejection: when no
     replica has a free slot every candidate is kept, since waiting somewhere is the best there is. No knob: the
     cap is the engine's own, as observed."""
 
@@ -27,11 +28,17 @@ class FreeSlotFilter(Filter, name="freeSlot"):
 
 
 def slot_caps(candidates: Sequence[ReplicaSnapshot]) -> list[int | None]:
-    """Each candidate's concurrency cap as freeSlot judges it: its own, else the smallest confirmed among the
-    candidates, else None (no cap known anywhere)."""
+    """Each candidate's concurrency cap as freeSlot judges it: its own learned cap, else the smallest learned
+    among the candidates, else its configured batch size, else None (nothing known). Learned first: an engine
+    whose KV cache is too small for its batch runs fewer than configured."""
     confirmed = [replica.concurrency for replica in candidates if replica.concurrency is not None]
     fleet_cap = min(confirmed) if confirmed else None
-    return [replica.concurrency if replica.concurrency is not None else fleet_cap for replica in candidates]
+    return [
+        replica.concurrency
+        if replica.concurrency is not None
+        else (fleet_cap if fleet_cap is not None else replica.batch_size)
+        for replica in candidates
+    ]
 
 
 def has_free_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
