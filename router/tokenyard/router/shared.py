@@ -105,8 +105,8 @@ class RedisShare:
 
     async def sync_once(self) -> None:
         try:
-            await self._publish()
-            await self._read_peers()
+            peers, shared_caps = await self._publish()
+            await self._read_peers(peers, shared_caps)
         except (TimeoutError, RedisError, OSError) as error:
             self.metrics.redis_errors.inc()
             self._mark(False, error)
@@ -116,7 +116,9 @@ class RedisShare:
             return
         self._mark(True)
 
-    async def _publish(self) -> None:
+    async def _publish(self) -> tuple[list[str], dict[bytes, bytes]]:
+        """Writes this router's state; returns, from the same round trip, the live peer routers and the caps
+        shared so far (read after this router's own writes)."""
         loads = self.state.ledger.snapshot()
         outbox = list(self.state.prefix_outbox)
         pipe = self.client.pipeline(transaction=True)
@@ -124,7 +126,8 @@ class RedisShare:
         if loads:
             pipe.hset(self.keys["load"], mapping={n: f"{ld.tokens},{ld.requests}" for n, ld in loads.items()})
         pipe.expire(self.keys["load"], max(1, int(self.ttl_s + 0.999)))
-        pipe.zadd(self.keys["routers"], {self.router_id: self.wall_clock()})
+        now_wall = self.wall_clock()
+        pipe.zadd(self.keys["routers"], {self.router_id: now_wall})
         caps = self.state.confirmed_caps()
         if caps:
             pipe.hset(self.keys["caps"], mapping={name: str(cap) for name, cap in caps.items()})
@@ -139,21 +142,22 @@ class RedisShare:
                 maxlen=STREAM_MAXLEN,
                 approximate=True,
             )
-        await pipe.execute()
-        del self.state.prefix_outbox[: len(outbox)]  # only what was published; new inserts may have come
-
-    async def _read_peers(self) -> None:
-        now_wall = self.wall_clock()
-        await self.client.zremrangebyscore(self.keys["routers"], "-inf", now_wall - self.ttl_s)
-        peers = [p.decode() for p in await self.client.zrange(self.keys["routers"], 0, -1)]
-        peers = [p for p in peers if p != self.router_id]
-        # One round trip for the shared caps and every peer's loads (caps first, so the pipeline
-        # is never empty and its first reply is always the caps hash).
-        pipe = self.client.pipeline(transaction=False)
+        pipe.zremrangebyscore(self.keys["routers"], "-inf", now_wall - self.ttl_s)
+        pipe.zrange(self.keys["routers"], 0, -1)
         pipe.hgetall(self.keys["caps"])
+        *_, members, shared_caps = await pipe.execute()
+        del self.state.prefix_outbox[: len(outbox)]  # only what was published; new inserts may have come
+        peers = [name for name in (member.decode() for member in members) if name != self.router_id]
+        return peers, shared_caps
+
+    async def _read_peers(self, peers: list[str], shared_caps: dict[bytes, bytes]) -> None:
+        """Every peer's loads and the prefix stream's new entries, in one round trip (the stream read last, so
+        the pipeline is never empty)."""
+        pipe = self.client.pipeline(transaction=False)
         for peer in peers:
             pipe.hgetall(redis_keys(self.key_prefix, peer)["load"])
-        shared_caps, *peer_loads = await pipe.execute()
+        catching_up = self._queue_stream_read(pipe)
+        *peer_loads, stream_reply = await pipe.execute()
         totals: dict[str, ReplicaLoad] = {}
         for loads in peer_loads:
             for name, value in loads.items():
@@ -163,17 +167,24 @@ class RedisShare:
                 total.requests += int(requests or 0)
         self.state.peer_loads = totals
         self.state.peer_caps = {name.decode(): int(cap) for name, cap in shared_caps.items()}
-        await self._read_prefix_stream()
+        self._take_prefix_entries(stream_reply, catching_up)
 
-    async def _read_prefix_stream(self) -> None:
-        now = self.clock()
+    def _queue_stream_read(self, pipe) -> bool:
+        """Adds the prefix stream's read to ``pipe``: its recent history on a (re)connect (returns True), else
+        what came after the last entry taken."""
         if self.last_stream_id is None:
-            history = await self.client.xrevrange(self.keys["prefix"], "+", "-", count=CATCH_UP_ENTRIES)
-            entries = list(reversed(history))
+            pipe.xrevrange(self.keys["prefix"], "+", "-", count=CATCH_UP_ENTRIES)
+            return True
+        pipe.xread({self.keys["prefix"]: self.last_stream_id}, count=5_000)
+        return False
+
+    def _take_prefix_entries(self, reply, catching_up: bool) -> None:
+        now = self.clock()
+        if catching_up:
+            entries = list(reversed(reply))
             self.last_stream_id = entries[-1][0].decode() if entries else "0-0"
         else:
-            response = await self.client.xread({self.keys["prefix"]: self.last_stream_id}, count=5_000)
-            entries = response[0][1] if response else []
+            entries = reply[0][1] if reply else []
             if entries:
                 self.last_stream_id = entries[-1][0].decode()
         for _entry_id, fields in entries:
