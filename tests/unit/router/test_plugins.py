@@ -291,30 +291,24 @@ def test_guarded_load_stops_a_full_holder_drawing_requests_past_the_guard():
     assert kept.replica is not None and kept.replica.name == "holder"
 
 
+def holder_and_cold(**both):
+    """A prefix holder with 13 requests in flight and a replica with 2, alike in ``both``."""
+    return [
+        snap("holder", outstanding_tokens=1_700, outstanding_requests=13, **both),
+        snap("cold", outstanding_tokens=300, outstanding_requests=2, **both),
+    ]
+
+
 def test_guarded_load_leaves_the_cache_its_credit_where_the_engines_showed_the_holder_would_start_it():
     """Past the request bound, the holder keeps its cache's credit where it is below its confirmed cap, or with
     no cap confirmed, below the most requests a replica was seen running at once (an engine with a large batch);
     with nothing shown (no cap, no scrape yet, or fewer seen running) the guard holds."""
 
     def choice(cap, running_seen):
-        replicas = [
-            snap(
-                "holder",
-                outstanding_tokens=1_700,
-                outstanding_requests=13,
-                concurrency=cap,
-                running_seen=running_seen,
-            ),
-            snap(
-                "cold",
-                outstanding_tokens=300,
-                outstanding_requests=2,
-                concurrency=cap,
-                running_seen=running_seen,
-            ),
-        ]
         decision = Pipeline.from_config(guarded_load=True).decide(
-            request(1_600, {"holder": 1_500}), replicas, random.Random(1)
+            request(1_600, {"holder": 1_500}),
+            holder_and_cold(concurrency=cap, running_seen=running_seen),
+            random.Random(1),
         )
         assert decision.replica is not None
         return decision.replica.name
@@ -326,37 +320,21 @@ def test_guarded_load_leaves_the_cache_its_credit_where_the_engines_showed_the_h
 
 
 def test_the_default_load_score_guards_only_replicas_whose_configured_batch_is_full():
-    """Shipped defaults: past the request bound (1.5 x 2 + 4 = 7), the prefix holder's cache saves it nothing
-    where its configured batch size says the request would wait (13 in flight, batch of 8); with a batch of
-    256, or none configured (nothing known before a queue shows), its cache keeps its credit."""
+    """Shipped defaults: both replicas hold their configured batch of 2 or more (freeSlot keeps both), and the
+    prefix holder is past the request bound (13 in flight, 1.5 x 2 + 4 = 7): its cache saves it nothing. With a
+    batch of 256, or none configured (nothing known before a queue shows), its cache keeps its credit."""
 
-    def choice(batch_size, concurrency=None):
-        replicas = [
-            snap(
-                "holder",
-                outstanding_tokens=1_700,
-                outstanding_requests=13,
-                batch_size=batch_size,
-                concurrency=concurrency if concurrency is not None else batch_size,
-            ),
-            snap(
-                "cold",
-                outstanding_tokens=300,
-                outstanding_requests=2,
-                batch_size=batch_size,
-                concurrency=concurrency if concurrency is not None else batch_size,
-            ),
-        ]
+    def choice(**both):
         decision = Pipeline.from_config().decide(
-            request(1_600, {"holder": 1_500}), replicas, random.Random(1)
+            request(1_600, {"holder": 1_500}), holder_and_cold(**both), random.Random(1)
         )
         assert decision.replica is not None
         return decision.replica.name
 
-    assert choice(batch_size=8) == "cold"
+    assert choice(batch_size=2) == "cold"
     assert choice(batch_size=256) == "holder"
-    assert choice(batch_size=None) == "holder"
-    assert choice(batch_size=None, concurrency=2) == "holder"  # a learned cap alone: only with --guarded-load
+    assert choice() == "holder"
+    assert choice(concurrency=2) == "holder"  # a learned cap alone: only with --guarded-load
     # a learned cap below the configured size feeds freeSlot, not this guard: it may be only where a KV-bound
     # engine last queued
     assert choice(batch_size=256, concurrency=2) == "holder"
