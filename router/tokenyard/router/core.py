@@ -90,7 +90,13 @@ DEFAULT_MISS_PENALTY = 0.5
 #   closed-loop hit rate 0.663 vs 0.636 (sglang-router 0.670). On the tuning workloads (one run, 3 rounds) it
 #   won multi_turn (p99 0.204 -> 0.174 s, 1,379 -> 1,455 tok/s, imbalance 2.8 -> 1.4) but raised p99 on
 #   shared_prefix_70 (0.469 -> 0.542 s) and shared_prefix_95 (0.552 -> 0.715 s) and cost no_sharing 6% of its
-#   tokens/s (774 -> 724), so by the rule above it stays off.
+#   tokens/s (774 -> 724), so by the rule above it stays off. Again on 2026-12-07 at the defaults of that day
+#   (router-prefill-interference-tuning-2026-12-07.txt): no_sharing and shared_prefix_70 neutral (p99 0.357 ->
+#   0.296, 0.461 -> 0.466; tokens/s within 0.5%), shared_prefix_95 p99 0.493 -> 0.654, multi_turn p99 0.202 ->
+#   0.177 but 1,392 -> 1,331 tok/s: still off. On llm-d-inference-sim, whose prefill stretches with the requests
+#   running beside it, it is what the held-out families lack (zipf_tenants p90 / p99 0.466 / 0.654 -> 0.424 /
+#   0.580, long_documents 0.064 / 1.406 -> 0.052 / 1.026, tokens/s +2% and +5%; router-llm-d-prefill-
+#   interference-held-out-2026-12-07.txt): a candidate for a form that acts only where a prefill is long.
 # outstandingTokens under the hot-spot guard (plugins/outstanding_tokens.py): found on llm-d-inference-sim, whose
 # 8-request batch made a prefix holder with 13 requests in flight the load score's best choice (README, "On an
 # engine nobody here wrote"). A DEFAULT in form 7 below, which acts only where a batch size is configured and so
