@@ -20,7 +20,7 @@ class FreeSlotFilter(Filter, name="freeSlot"):
     turn away. With no cap learned anywhere, a replica's configured batch size (ModelView.batch_size) is its cap
     from the first request; with neither, every replica is free. A preference, never a rejection: when no
     replica has a free slot every candidate is kept, since waiting somewhere is the best there is. No knob: the
-    cap is the engine's own, as observed."""
+    cap is the engine's own, as observed or as its arguments configure it."""
 
     def apply(self, request: RoutingRequest, candidates: list[ReplicaSnapshot]) -> list[ReplicaSnapshot]:
         kept = [replica for replica, free in zip(candidates, has_free_slot(candidates), strict=True) if free]
