@@ -170,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
         "its prefill holds back (default: off)",
     )
     route.add_argument(
+        "--batch-stretch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="price each uncached prompt token higher by the share of the replica's batch size (configured or "
+        "learned) already in flight (default: on)",
+    )
+    route.add_argument(
         "--guarded-load",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -311,6 +318,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         prefix_feedback=args.prefix_feedback,
         prefill_interference=args.prefill_interference,
         guarded_load=args.guarded_load,
+        batch_stretch=args.batch_stretch,
         prefill_progress=args.prefill_progress,
         stream_usage=args.stream_usage,
     )

@@ -136,6 +136,27 @@ DEFAULT_MISS_PENALTY = 0.5
 #    0.129 / 0.390 / 0.143 multi_turn, 0.265 / 2.280 / 0.309 tenant_surge; tokens/s 0.2-0.6% below untold, 0.9-5%
 #    above round robin (router-llm-d-batch-size-told-2026-12-07.txt). On tokenyard.sim (told 256) no replica
 #    reaches its batch, so it decides as the defaults before it did, tuning and held-out workloads alike.
+# outstandingTokens' batch stretch (plugins/outstanding_tokens.expected_load, batch_cap): each uncached token costs
+# 1 + n / cap times, n the requests in flight and cap the replica's batch size as freeSlot judges it (learned, else
+# configured; nothing where neither is known). A DEFAULT since 2026-12-07. Chosen on the tuning workloads of both
+# engines, one run each with the defaults before it, 3 rounds (TTFT p90 / p99 s, tokens/s):
+# - tokenyard.sim (told vLLM's 256: at most a few percent; bench/results/router-batch-stretch-tuning-2026-12-07.txt,
+#   router-batch-stretch-multi-turn-2026-12-07.txt): shared_prefix_70 0.420 / 0.458 both, shared_prefix_95 0.420 /
+#   0.472 -> 0.421 / 0.469, no_sharing 0.264 / 0.318 -> 0.262 / 0.324, multi_turn 0.171 / 0.204 -> 0.175 / 0.227
+#   (rounds 0.20 0.23 0.19 -> 0.20 0.24 0.22); tokens/s within 0.4%. Neutral within the rounds' spread.
+# - llm-d-inference-sim (told its 8; router-llm-d-batch-stretch-tuning-2026-12-07.txt): shared_prefix_70 0.055 /
+#   0.265 -> 0.048 / 0.263, shared_prefix_95 0.288 / 0.342 -> 0.247 / 0.339, multi_turn 0.058 / 0.111 -> 0.058 /
+#   0.091; held out, tenant_surge 0.146 / 0.272 -> 0.062 / 0.243, zipf_tenants 0.467 / 0.708 -> 0.431 / 0.619,
+#   long_documents 0.055 / 1.269 -> 0.051 / 1.271 (router-llm-d-prefill-queue-held-out-2026-12-07.txt); tokens/s
+#   equal or up to 1.6% higher everywhere.
+# The "up to double" is a guess, not fitted: a full batch's steps are slower (more sequences' KV read each step),
+# and llm-d-inference-sim's --time-factor-under-load, which bench-router sets to 2, is that guess's own form.
+# Tried with it and dropped the same day: learning from each replica's times to first token whether it prefills the
+# prompts in flight side by side (llm-d-inference-sim: each request's own prompt only) or one after another, and
+# then not counting them as load. Counting none of them on llm-d (a labelled variant) took zipf_tenants to 0.432 /
+# 0.604 and long_documents to 0.046 / 1.083 with +5% tokens/s, but the test could not tell the engines apart:
+# there the 8-request batch's slot waits made the waits look like queueing, and on tokenyard.sim short prompts do
+# share a step (its multi_turn fell from 1,395 to 1,092 tok/s where the test judged so).
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,
@@ -159,6 +180,7 @@ class Pipeline:
         miss_penalty: float = DEFAULT_MISS_PENALTY,
         prefill_interference: bool = False,
         guarded_load: bool = False,
+        batch_stretch: bool = True,
     ) -> Pipeline:
         weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
         scorers: list[tuple[Scorer, float]] = []
@@ -174,6 +196,7 @@ class Pipeline:
                     "prefill_interference": prefill_interference,
                     "guard": guard or HotSpotGuard(),
                     "guard_unconfigured": guarded_load,
+                    "batch_stretch": batch_stretch,
                 }
             scorers.append((Scorer.build(name, **options), float(weight)))  # type: ignore[arg-type]
         filter_options: dict[str, dict[str, Any]] = {"notSaturated": {"limits": saturation}}

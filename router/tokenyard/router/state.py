@@ -97,6 +97,7 @@ class RouterSettings:
     retry_after_s: int = 1
     miss_penalty: float = DEFAULT_MISS_PENALTY  # see plugins.outstanding_tokens.expected_load
     prefill_interference: bool = False  # likewise
+    batch_stretch: bool = True  # plugins.outstanding_tokens.expected_load's batch_cap; likewise
     guarded_load: bool = False  # the load guard also judges replicas with no configured batch size (core.py)
     # Count the prefill a replica has likely done on our oldest open prompt there (accounting.LoadLedger.prefill_done).
     # Off by default: on bench-router's tuning workloads (one run, 3 rounds, 2026-12-04, BENCH_VARIANTS) it removed
@@ -362,6 +363,7 @@ class RouterState:
                 self.settings.miss_penalty,
                 self.settings.prefill_interference,
                 self.settings.guarded_load,
+                self.settings.batch_stretch,
             )
             self._pipelines[key] = pipeline
         return pipeline

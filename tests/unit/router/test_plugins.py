@@ -180,6 +180,28 @@ def test_prefill_interference_sends_a_miss_where_fewer_running_requests_would_wa
     assert built.scorers[0][0].prefill_interference
 
 
+def test_batch_stretch_prices_a_prompt_by_how_full_the_replicas_batch_already_is():
+    # Neither holds the prompt; half owes fewer tokens but runs half its batch of 8, quiet one of 8.
+    candidates = [
+        snap("half", outstanding_tokens=100, outstanding_requests=4, batch_size=8),
+        snap("quiet", outstanding_tokens=400, outstanding_requests=1, batch_size=8),
+    ]
+    req = request(prompt_tokens=1_000)
+    assert OutstandingTokensScorer(miss_penalty=0.5).raw(req, candidates) == [1_600.0, 1_900.0]
+    stretched = OutstandingTokensScorer(miss_penalty=0.5, batch_stretch=True)
+    assert stretched.raw(req, candidates) == [100 + 1_500 * 1.5, 400 + 1_500 * 1.125]
+    # Past a full batch the share stops at 1 (those beyond it wait; freeSlot and the guard judge that).
+    queued = [snap("queued", outstanding_tokens=0, outstanding_requests=20, batch_size=8)]
+    assert stretched.raw(req, queued) == [1_500 * 2.0]
+    # Where no batch size is known, nothing is stretched; where it is large, a few running barely count.
+    assert stretched.raw(req, [snap("unknown", outstanding_requests=4)]) == [1_500.0]
+    assert stretched.raw(req, [snap("vllm", outstanding_requests=4, batch_size=256)]) == [
+        1_500 * (1 + 4 / 256)
+    ]
+    built = Pipeline.from_config({"outstandingTokens": 1.0}, batch_stretch=True)
+    assert built.scorers[0][0].batch_stretch
+
+
 def test_kv_fits_keeps_the_replicas_where_the_request_fits_beside_what_is_in_flight():
     replicas = [
         snap("full", kv_held_tokens=30_000, kv_capacity_tokens=32_768),

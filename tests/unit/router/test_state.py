@@ -334,6 +334,19 @@ def test_a_replica_near_the_end_of_its_prompt_looks_lighter_than_one_that_just_b
         state.ledger.close(ticket)
 
 
+def test_batch_stretch_is_on_unless_switched_off():
+    parser = build_parser()
+    plain = options_from_args(parser.parse_args(["--backend", "a=http://127.0.0.1:1"])).settings
+    assert plain.batch_stretch
+    off = options_from_args(
+        parser.parse_args(["--backend", "a=http://127.0.0.1:1", "--no-batch-stretch"])
+    ).settings
+    assert not off.batch_stretch
+    state = state_with([Endpoint("a", "http://a")])
+    state.settings = off
+    assert not state.pipeline_for(state.models["m"]).scorers[0][0].batch_stretch
+
+
 def test_cli_switch_for_prefill_progress():
     parser = build_parser()
     plain = parser.parse_args(["--backend", "a=http://127.0.0.1:1"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenyard.router.framework import ReplicaSnapshot, RoutingRequest, Scorer
-from tokenyard.router.plugins.free_slot import known_to_wait, shown_to_start
+from tokenyard.router.plugins.free_slot import known_to_wait, shown_to_start, slot_caps
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
 
 
@@ -15,6 +15,7 @@ def expected_load(
     miss_penalty: float = 0.0,
     prefill_interference: bool = False,
     cache_counts: bool = True,
+    batch_cap: int | None = None,
 ) -> float:
     """Outstanding tokens on the replica if this request went there: what it already owes plus the part of
     this prompt it would have to prefill (its cached prefix excluded). Both are tokens, so locality and load
@@ -30,12 +31,20 @@ def expected_load(
     default: it steadied zipf_tenants' tail but raised TTFT p99 on two tuning workloads (core.py, issue 14).
 
     ``cache_counts`` False: the replica's cached prefix saves it nothing here (the hot-spot guard holds it, see
-    OutstandingTokensScorer)."""
+    OutstandingTokensScorer).
+
+    ``batch_cap``: the replica's batch size (configured or learned, free_slot.slot_caps). Given, each uncached
+    token is dearer by the share of that batch already in flight (1 + n / cap): an engine's step slows as its
+    batch fills (more sequences' KV read per step), and a prefill placed there crawls through the slower steps.
+    A share, not a count: near nothing where the batch is large and mostly empty (vLLM's 256), up to double where
+    a small batch is full."""
     cached = request.prefix_match_tokens.get(replica.name, 0) if cache_counts else 0
     uncached = max(0, request.prompt_tokens - cached)
     per_token = 1.0 + miss_penalty
     if prefill_interference:
         per_token += replica.outstanding_requests
+    if batch_cap:
+        per_token *= 1.0 + min(replica.outstanding_requests, batch_cap) / batch_cap
     return replica.outstanding_tokens + uncached * per_token
 
 
@@ -63,7 +72,12 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
     Why the request bound as well: where the engine starts the request at once, the holder's cached prefix
     really is prefill saved, and where every replica is full the holder is no worse a place to wait unless it
     queues far more than the others. The guard's token bound is not applied: tokens are this score's own
-    measure."""
+    measure.
+
+    ``batch_stretch`` (a default): each candidate's uncached tokens are stretched by the share of its batch in
+    flight (``expected_load``'s ``batch_cap``, the cap freeSlot judges by: learned, else the fleet's learned,
+    else configured). Tokens alone price a prompt the same beside one running request or seven; on an engine
+    with a small batch the seven slow its prefill by most of a step's worth each."""
 
     higher_is_better = False
 
@@ -73,11 +87,13 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
         prefill_interference: bool = False,
         guard: HotSpotGuard | None = None,
         guard_unconfigured: bool = False,
+        batch_stretch: bool = False,
     ) -> None:
         self.miss_penalty = miss_penalty
         self.prefill_interference = prefill_interference
         self.guard = guard
         self.guard_unconfigured = guard_unconfigured
+        self.batch_stretch = batch_stretch
 
     def raw(self, request: RoutingRequest, candidates: Sequence[ReplicaSnapshot]) -> list[float | None]:
         if self.guard:
@@ -89,7 +105,8 @@ class OutstandingTokensScorer(Scorer, name="outstandingTokens"):
             admitted = [ok or start for ok, start in zip(within_bound, starts, strict=True)]
         else:
             admitted = [True] * len(candidates)
+        caps = slot_caps(candidates) if self.batch_stretch else [None] * len(candidates)
         return [
-            expected_load(request, replica, self.miss_penalty, self.prefill_interference, cache_counts)
-            for replica, cache_counts in zip(candidates, admitted, strict=True)
+            expected_load(request, replica, self.miss_penalty, self.prefill_interference, cache_counts, cap)
+            for replica, cache_counts, cap in zip(candidates, admitted, caps, strict=True)
         ]
