@@ -177,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
         "learned) already in flight (default: on)",
     )
     route.add_argument(
+        "--prefill-overlap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="learn whether the engines prefill the prompts they hold side by side (a short prompt sent behind a "
+        "long one gets its first token well before it) and, once they are seen to, count no prefill owed as a "
+        "replica's load (default: on)",
+    )
+    route.add_argument(
         "--guarded-load",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -319,6 +327,7 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         prefill_interference=args.prefill_interference,
         guarded_load=args.guarded_load,
         batch_stretch=args.batch_stretch,
+        prefill_overlap=args.prefill_overlap,
         prefill_progress=args.prefill_progress,
         stream_usage=args.stream_usage,
     )

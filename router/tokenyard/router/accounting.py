@@ -23,6 +23,16 @@ the load score then sends the next request of a burst to the one that began last
 sends it to the one that began first (bench/policy_replay.py: the load score's TTFT p99.7 30.1 ms against round
 robin's 27.6, 27.6 with the progress counted; bench-router's no_sharing rounds of a few hundred requests put
 such a burst at p99). Until a replica has a measured rate, nothing is counted as done (today's behaviour).
+
+Whether prompts in flight on a replica are load at all depends on how the engine prefills them. vLLM and SGLang
+spend one compute budget per step on the prefills they hold (chunked prefill), so a prompt sent behind another
+long one waits for most of it: what the replica owes in prefill is time every new request pays. An engine that
+prefills each request on its own clock (llm-d-inference-sim v0.9.2: a request's time to first token is its own
+uncached tokens times the per-token time, stretched by the running count only; pkg/llm-d-inference-sim/
+latencies.go) makes a short prompt sent behind a long one finish long before it, and there the prefill owed is
+no cost to the next request. ``PrefillOverlap`` learns which of the two the engines are from exactly that: short
+prompts sent behind a long prefill of ours (with a batch slot free, so a slot wait cannot pass for it), and
+whether their first token came well before the long one's. Until it has seen enough, prefills queue.
 """
 
 from __future__ import annotations
@@ -58,6 +68,10 @@ class Ticket:
     # Whether no other prefill of ours was open on the replica when it was sent: its time to first token then
     # measures the replica's prefill rate (a queued one would understate it).
     measures_rate: bool = False
+    prefill_sent: int = 0  # the prompt tokens it owed when it was sent
+    first_token_at: float | None = None  # when its first token came, if that was timed
+    # short prompts sent behind this one's prefill while a batch slot was free (PrefillOverlap's samples)
+    followers: list[Ticket] = field(default_factory=list)
 
     @property
     def tokens_left(self) -> int:
@@ -100,6 +114,60 @@ class PrefillRate:
 
 
 @dataclass
+class PrefillOverlap:
+    """Whether the engines prefill the prompts they hold side by side (each on its own clock) rather than one
+    after another, learned from overtakes: a short prompt (at most ``short_share`` of a long one's tokens) sent
+    to a replica while that long prompt (``long_tokens`` or more) was still prefilling there, with a batch slot
+    free. Where prefills queue, the short one's first token comes with the long one's or after it; where they
+    run side by side, well before (by ``margin_share`` of the long one's time to first token, at least
+    ``min_margin_s``: a step's jitter is not an overtake). Side by side once at least half of the last
+    ``window`` samples overtook, from ``min_samples`` on; before that, prefills queue (vLLM's and SGLang's
+    chunked prefill: the router as it was).
+
+    One verdict for the router, not per replica: the replicas behind one router run one engine as a rule, and a
+    burst of long prompts, which is when the verdict matters, shows few samples per replica."""
+
+    window: int = 32
+    min_samples: int = 8
+    long_tokens: int = 2048
+    short_share: float = 0.125
+    margin_share: float = 0.1
+    min_margin_s: float = 0.05
+    _samples: deque[bool] = field(default_factory=deque)
+
+    def follows(self, long: Ticket, short: Ticket) -> bool:
+        """Whether ``short``, sent while ``long`` prefilled on the same replica, is a sample of ``long``."""
+        return (
+            long.prefill_sent >= self.long_tokens
+            and short.prefill_sent <= self.short_share * long.prefill_sent
+        )
+
+    def judge(self, long: Ticket, now: float) -> None:
+        """``long``'s first token came at ``now``: score the short prompts that were sent behind it."""
+        margin = max(self.min_margin_s, self.margin_share * (now - long.opened_at))
+        for short in long.followers:
+            if short.opened_at > now - margin:  # sent as it was finishing: neither outcome says anything
+                continue
+            overtook = short.first_token_at is not None and short.first_token_at <= now - margin
+            self._samples.append(overtook)
+            while len(self._samples) > self.window:
+                self._samples.popleft()
+        long.followers.clear()
+
+    @property
+    def samples(self) -> int:
+        return len(self._samples)
+
+    @property
+    def overtakes(self) -> int:
+        return sum(self._samples)
+
+    @property
+    def side_by_side(self) -> bool:
+        return self.samples >= self.min_samples and 2 * self.overtakes >= self.samples
+
+
+@dataclass
 class ReplicaLoad:
     tokens: int = 0
     requests: int = 0
@@ -122,6 +190,7 @@ class LoadLedger:
         # replica -> when its latest prefill of ours ended (its first token came): the engine turns to the next
         # prompt in line only then, so progress on a queued prompt counts from there, not from when it was sent
         self._prefill_ended_at: dict[str, float] = {}
+        self.overlap = PrefillOverlap()
 
     def open(
         self,
@@ -130,12 +199,27 @@ class LoadLedger:
         decode_tokens: int,
         kv: KvHold | None = None,
         now: float = 0.0,
+        slot_free: bool = True,
     ) -> Ticket:
+        """``slot_free``: the replica had a batch slot free for it as far as the router knew (False: it may
+        wait for one, and its time to first token says nothing about how the engine prefills)."""
         if prefill_tokens < 0 or decode_tokens < 0:
             raise ValueError(
                 f"token counts must be >= 0, got prefill={prefill_tokens} decode={decode_tokens}"
             )
-        ticket = Ticket(next(self._ids), replica, prefill_tokens, decode_tokens, kv=kv, opened_at=now)
+        ticket = Ticket(
+            next(self._ids),
+            replica,
+            prefill_tokens,
+            decode_tokens,
+            kv=kv,
+            opened_at=now,
+            prefill_sent=prefill_tokens,
+        )
+        if slot_free:
+            for ahead in self._prefilling.get(replica, {}).values():
+                if self.overlap.follows(ahead, ticket):
+                    ahead.followers.append(ticket)
         if prefill_tokens:
             prefilling = self._prefilling[replica]
             ticket.measures_rate = not prefilling
@@ -178,9 +262,14 @@ class LoadLedger:
     def first_token(self, ticket: Ticket, now: float | None = None) -> None:
         """The prompt is prefilled: release its prefill share. ``now``: when its first token came, if it came
         as soon as the engine made it (a stream; not the end of a whole answer), which measures the rate."""
-        if ticket.closed or ticket.prefill_left == 0:
+        if ticket.closed:
+            return
+        if now is not None and ticket.first_token_at is None:
+            ticket.first_token_at = now
+        if ticket.prefill_left == 0:
             return
         if now is not None:
+            self.overlap.judge(ticket, now)
             if ticket.measures_rate:
                 self._rates[ticket.replica].observe(ticket.prefill_left, now - ticket.opened_at)
             ended = self._prefill_ended_at.get(ticket.replica)
@@ -190,6 +279,7 @@ class LoadLedger:
         self._end_prefill(ticket)
 
     def _end_prefill(self, ticket: Ticket) -> None:
+        ticket.followers.clear()  # judged at its first token, or never timed (an error, a whole answer)
         prefilling = self._prefilling.get(ticket.replica)
         if prefilling is not None and prefilling.pop(ticket.id, None) is not None and not prefilling:
             del self._prefilling[ticket.replica]
@@ -198,6 +288,15 @@ class LoadLedger:
         """The replica's measured prefill rate (prompt tokens per second), None before any measure."""
         rate = self._rates.get(replica)
         return rate.tokens_per_s if rate else None
+
+    def prefill_owed(self, replica: str) -> int:
+        """Prompt tokens of the replica's open prefills (ours), done or not."""
+        return sum(ticket.prefill_left for ticket in self._prefilling.get(replica, {}).values())
+
+    @property
+    def prefills_side_by_side(self) -> bool:
+        """The engines prefill the prompts they hold side by side (PrefillOverlap): owed prefill is no wait."""
+        return self.overlap.side_by_side
 
     def prefill_done(self, replica: str, now: float) -> float:
         """Prompt tokens of the replica's open prefills that it has likely prefilled by ``now``: its measured

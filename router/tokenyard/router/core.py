@@ -157,6 +157,14 @@ DEFAULT_MISS_PENALTY = 0.5
 # 0.604 and long_documents to 0.046 / 1.083 with +5% tokens/s, but the test could not tell the engines apart:
 # there the 8-request batch's slot waits made the waits look like queueing, and on tokenyard.sim short prompts do
 # share a step (its multi_turn fell from 1,395 to 1,092 tok/s where the test judged so).
+# Prefill overlap (accounting.PrefillOverlap, RouterSettings.prefill_overlap): the same question asked by overtakes
+# instead of times. A short prompt sent behind a long prefill of ours, with a batch slot free (so no slot wait can
+# pass for queueing), either gets its first token well before the long one (the engine prefills side by side) or
+# with it or after it (one budget per step: vLLM's max_num_batched_tokens with max_num_partial_prefills 1, docs.vllm.ai
+# v0.10.2 vllm.config.scheduler; SGLang's chunked_prefill_size). Once half of the last 32 samples overtook (8 at
+# least), the prefill a replica owes is no longer counted as its load. Polled from the routers' /metrics during
+# bench-router (tokenyard_router_prefill_overlap_samples): tokenyard.sim never showed one overtake (up to 15 waited
+# samples per run), llm-d-inference-sim 31 of its first 32 within 2 s of a round's start.
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,

@@ -249,6 +249,10 @@ class EngineProber:
                 del per_replica[name]
         self._no_health_endpoint &= known
         self._no_known_series &= known
+        overlap = self.state.ledger.overlap
+        self.metrics.prefill_overlap.labels("overtook").set(overlap.overtakes)
+        self.metrics.prefill_overlap.labels("waited").set(overlap.samples - overlap.overtakes)
+        self.metrics.prefill_side_by_side.set(1 if overlap.side_by_side else 0)
         for endpoint in endpoints:
             load = self.state.load(endpoint.name)
             self.metrics.outstanding_tokens.labels(endpoint.name).set(max(0, load.tokens))

@@ -27,6 +27,7 @@ from tokenyard.router.discovery import Endpoint, ModelView
 from tokenyard.router.enginestats import EngineStats
 from tokenyard.router.framework import ReplicaSnapshot, RoutingDecision, RoutingRequest
 from tokenyard.router.learned_sizes import BytesPerToken, ConcurrencyCap, OutputLength
+from tokenyard.router.plugins.free_slot import has_free_slot
 from tokenyard.router.plugins.kv_fits import KvFitsFilter
 from tokenyard.router.plugins.not_saturated import SaturationLimits
 from tokenyard.router.plugins.prefix_cache import HotSpotGuard
@@ -111,6 +112,9 @@ class RouterSettings:
     # Trusted from the first sample instead, no_sharing's burst goes (0.332 -> 0.268) and shared_prefix_95's
     # pooled p99 comes back (0.467 -> 0.558, decided by a fresh router's first-round cold burst): README.
     prefill_progress: bool = False
+    # Learn whether the engines prefill side by side (accounting.PrefillOverlap) and, where they do, count no
+    # prefill owed as a replica's load. A default since 2026-12-07 (figures next to core.DEFAULT_WEIGHTS).
+    prefill_overlap: bool = True
     # Correct the prefix index from the cached tokens engines report per request (learn_cached_tokens).
     prefix_feedback: bool = False
     # Ask the engine for a stream's usage when its client did not (openai_wire.ask_stream_usage), and hide it.
@@ -348,6 +352,10 @@ class RouterState:
         ]
 
     def _prefill_done(self, replica: str, now: float) -> float:
+        """Of the prefill the replica owes us, what no request sent there now would wait for: all of it where
+        the engines prefill side by side (accounting.PrefillOverlap), else what it has likely done already."""
+        if self.settings.prefill_overlap and self.ledger.prefills_side_by_side:
+            return float(self.ledger.prefill_owed(replica))
         return self.ledger.prefill_done(replica, now) if self.settings.prefill_progress else 0.0
 
     def pipeline_for(self, view: ModelView) -> Pipeline:
@@ -455,8 +463,10 @@ class RouterState:
         chosen_blocks = blocks_by_size[chosen.block_size]
         hashes, private = chosen_blocks.hashes, private_of(chosen_blocks)
         kv = KvHold(tuple(hashes), private, chosen_blocks.tokens_per_block) if judge_kv else None
+        # whether it starts at once there, as freeSlot judges (accounting.PrefillOverlap samples only those)
+        slot_free = dict(zip((s.name for s in snapshots), has_free_slot(snapshots), strict=True))[chosen.name]
         ticket = self.ledger.open(
-            chosen.name, max(0, request.prompt_tokens - match), expected_output, kv, now
+            chosen.name, max(0, request.prompt_tokens - match), expected_output, kv, now, slot_free
         )
         # read before the insert below touches them
         match_last_used = self.index.last_used(chosen.name, hashes) if self.settings.prefix_feedback else ()

@@ -125,6 +125,20 @@ class RouterMetrics:
             ["replica"],
             registry=r,
         )
+        self.prefill_overlap = Gauge(
+            "tokenyard_router_prefill_overlap_samples",
+            "Short prompts sent behind a long prefill of this router's, by whether their first token came well "
+            "before the long one's (overtook: the engines prefill side by side) or not (waited), over the "
+            "router's recent window (accounting.PrefillOverlap).",
+            ["outcome"],
+            registry=r,
+        )
+        self.prefill_side_by_side = Gauge(
+            "tokenyard_router_prefills_side_by_side",
+            "1 once the engines are seen to prefill side by side, when prefill owed no longer counts as a "
+            "replica's load (with --prefill-overlap); 0 while prefills are taken to queue.",
+            registry=r,
+        )
         self.prefix_match = Histogram(
             "tokenyard_router_prefix_match_tokens",
             "Prompt tokens the chosen replica was expected to hold in its prefix cache.",

@@ -1,7 +1,14 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenyard.router.accounting import EjectionPolicy, FailureTracker, KvHold, LoadLedger, PrefillRate
+from tokenyard.router.accounting import (
+    EjectionPolicy,
+    FailureTracker,
+    KvHold,
+    LoadLedger,
+    PrefillOverlap,
+    PrefillRate,
+)
 
 
 def measure(
@@ -71,6 +78,76 @@ def test_prefill_done_grows_from_the_oldest_open_prompt_at_the_measured_rate_up_
     third = ledger.open("a", 1000, 10, now=3.0)
     assert ledger.prefill_done("a", 3.1) == pytest.approx(200.0)
     ledger.close(third)
+
+
+def long_with_a_short_behind(
+    ledger: LoadLedger, replica: str, at: float, short_first_token_after: float, slot_free: bool = True
+) -> None:
+    """A 4,000-token prompt sent at ``at`` whose first token comes 1 s later, and a 100-token one sent 0.2 s
+    behind it whose first token comes ``short_first_token_after`` seconds after it was sent."""
+    long = ledger.open(replica, 4000, 10, now=at)
+    short = ledger.open(replica, 100, 10, now=at + 0.2, slot_free=slot_free)
+    short_first = at + 0.2 + short_first_token_after
+    if short_first < at + 1.0:
+        ledger.generated(short, 1, now=short_first)
+        ledger.generated(long, 1, now=at + 1.0)
+    else:
+        ledger.generated(long, 1, now=at + 1.0)
+        ledger.generated(short, 1, now=short_first)
+    ledger.close(long)
+    ledger.close(short)
+
+
+def test_prefills_are_side_by_side_once_short_prompts_are_seen_to_overtake_long_ones():
+    ledger = LoadLedger()
+    for i in range(PrefillOverlap.min_samples - 1):
+        long_with_a_short_behind(ledger, f"r{i % 3}", at=10.0 * i, short_first_token_after=0.03)
+    assert not ledger.prefills_side_by_side  # too few samples: prefills queue, as the router always assumed
+    long_with_a_short_behind(ledger, "r0", at=100.0, short_first_token_after=0.03)
+    assert ledger.prefills_side_by_side  # pooled over the replicas: one engine behind one router
+    # then the engines turn out to queue (a short prompt's first token comes with the long one's, or after it)
+    for i in range(PrefillOverlap.window):
+        long_with_a_short_behind(ledger, "r1", at=200.0 + 10 * i, short_first_token_after=0.8)
+    assert not ledger.prefills_side_by_side
+    assert (ledger.overlap.samples, ledger.overlap.overtakes) == (PrefillOverlap.window, 0)
+
+
+def test_only_a_clear_overtake_with_a_slot_free_counts_as_one():
+    ledger = LoadLedger()
+    # first token within the margin before the long one's (0.1 of its 1 s): the same step, not an overtake
+    long_with_a_short_behind(ledger, "a", at=0.0, short_first_token_after=0.75)
+    assert (ledger.overlap.samples, ledger.overlap.overtakes) == (1, 0)
+    # sent without a free batch slot: it may have waited for a slot, so it is no sample either way
+    long_with_a_short_behind(ledger, "a", at=10.0, short_first_token_after=0.03, slot_free=False)
+    assert ledger.overlap.samples == 1
+    # neither long enough nor short enough: no sample
+    for long_tokens, short_tokens in ((1000, 10), (4000, 1000)):
+        long = ledger.open("a", long_tokens, 10, now=20.0)
+        short = ledger.open("a", short_tokens, 10, now=20.2)
+        ledger.generated(short, 1, now=20.25)
+        ledger.generated(long, 1, now=21.0)
+    assert ledger.overlap.samples == 1
+    # sent as the long one was finishing (inside the margin): no sample
+    long = ledger.open("a", 4000, 10, now=30.0)
+    late = ledger.open("a", 0, 10, now=30.95)
+    ledger.generated(late, 1, now=30.96)
+    ledger.generated(long, 1, now=31.0)
+    # a long one that never streams (an error; a whole answer) judges nothing
+    failed = ledger.open("a", 4000, 10, now=40.0)
+    behind = ledger.open("a", 0, 10, now=40.1)
+    ledger.generated(behind, 1, now=40.15)
+    ledger.close(failed)
+    assert ledger.overlap.samples == 1
+
+
+def test_where_prefills_run_side_by_side_the_prefill_owed_is_no_load():
+    ledger = LoadLedger()
+    first = ledger.open("a", 3000, 10, now=0.0)
+    ledger.open("a", 500, 10, now=0.1)
+    assert ledger.prefill_owed("a") == 3500
+    ledger.first_token(first, now=0.5)
+    assert ledger.prefill_owed("a") == 500
+    assert ledger.prefill_owed("b") == 0
 
 
 def test_a_replica_forgotten_is_measured_afresh():

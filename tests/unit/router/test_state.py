@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 from tokenyard.router.__main__ import build_parser, options_from_args, parse_weights
-from tokenyard.router.accounting import PrefillRate
+from tokenyard.router.accounting import PrefillOverlap, PrefillRate
 from tokenyard.router.core import DEFAULT_FILTERS
 from tokenyard.router.discovery import ConfigError, Endpoint, ModelView, Shadow
 from tokenyard.router.enginestats import EngineStats, parse_engine_metrics
@@ -345,6 +345,41 @@ def test_batch_stretch_is_on_unless_switched_off():
     state = state_with([Endpoint("a", "http://a")])
     state.settings = off
     assert not state.pipeline_for(state.models["m"]).scorers[0][0].batch_stretch
+
+
+def test_once_prefills_are_seen_side_by_side_the_prefill_owed_is_no_load_with_prefill_overlap():
+    state = state_with([Endpoint("a", "http://a"), Endpoint("b", "http://b")])
+    assert state.settings.prefill_overlap  # the default
+    busy = state.ledger.open("a", 4000, 10, now=0.0)  # a is prefilling a long prompt, b runs a short one
+    state.ledger.open("b", 0, 300, now=0.0)
+    endpoint_a = state.models["m"].endpoints[0]
+    assert state.snapshot(endpoint_a, 0.1).outstanding_tokens == 4010  # prefills taken to queue (the default)
+    # short prompts seen overtaking long ones: the engines prefill side by side
+    for i in range(PrefillOverlap.min_samples):
+        long = state.ledger.open("b", 4000, 0, now=10.0 + i)
+        short = state.ledger.open("b", 50, 0, now=10.1 + i)
+        state.ledger.generated(short, 1, now=10.15 + i)
+        state.ledger.generated(long, 1, now=10.6 + i)
+        state.ledger.close(long)
+        state.ledger.close(short)
+    assert state.ledger.prefills_side_by_side
+    assert state.snapshot(endpoint_a, 20.0).outstanding_tokens == 10  # the decode it still owes
+    # a short prompt goes where a long prefill runs beside few others, not where a short answer is decoding
+    routed = state.route("m", "unique prompt " * 20, 10, now=20.0)
+    assert routed.endpoint.name == "a"
+    state.ledger.close(routed.ticket)
+    state.settings.prefill_overlap = False
+    assert state.snapshot(endpoint_a, 20.0).outstanding_tokens == 4010
+    state.ledger.close(busy)
+
+
+def test_prefill_overlap_is_on_unless_switched_off():
+    parser = build_parser()
+    assert options_from_args(
+        parser.parse_args(["--backend", "a=http://127.0.0.1:1"])
+    ).settings.prefill_overlap
+    off = parser.parse_args(["--backend", "a=http://127.0.0.1:1", "--no-prefill-overlap"])
+    assert not options_from_args(off).settings.prefill_overlap
 
 
 def test_cli_switch_for_prefill_progress():
