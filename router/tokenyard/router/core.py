@@ -164,7 +164,13 @@ DEFAULT_MISS_PENALTY = 0.5
 # v0.10.2 vllm.config.scheduler; SGLang's chunked_prefill_size). Once half of the last 32 samples overtook (8 at
 # least), the prefill a replica owes is no longer counted as its load. Polled from the routers' /metrics during
 # bench-router (tokenyard_router_prefill_overlap_samples): tokenyard.sim never showed one overtake (up to 15 waited
-# samples per run), llm-d-inference-sim 31 of its first 32 within 2 s of a round's start.
+# samples per run), llm-d-inference-sim 31 of its first 32 within 2 s of a round's start. A DEFAULT since
+# 2026-12-07, chosen on the tuning workloads (one run each beside the defaults before it, 3 rounds; TTFT p90 / p99
+# s): tokenyard.sim decides exactly as before, as it never turns (bench/results/router-prefill-overlap-tuning-
+# 2026-12-07.txt: differences within the spread, e.g. no_sharing 0.261 / 0.330 -> 0.262 / 0.325); llm-d
+# (router-llm-d-prefill-overlap-tuning-2026-12-07.txt) shared_prefix_70 0.035 / 0.264 -> 0.035 / 0.263,
+# shared_prefix_95 0.262 / 0.335 -> 0.245 / 0.340 (rounds 0.33 0.33 0.40 -> 0.33 0.33 0.34), multi_turn 0.057 /
+# 0.085 -> 0.057 / 0.083, tokens/s equal.
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,
