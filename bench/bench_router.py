@@ -63,6 +63,9 @@ Then the router's overhead (added latency p50/p99 against calling an engine dire
 router process sustains with a closed loop of small requests). Prints a table and, last, one JSON line.
 
 BENCH_QUICK=1: shorter runs (same comparison).
+BENCH_TRACE=<file>: also append one JSON line per open-loop request (policy/workload/round, when it was sent on the
+monotonic clock, its TTFT, the replica tokenyard chose from the x-tokenyard-replica header, the prompt's first 60
+characters): what a tail is made of (for example which documents went cold where), not a figure of the table.
 """
 
 from __future__ import annotations
@@ -127,6 +130,7 @@ PY = sys.executable
 # tokenyard as shipped: no tokenizer configured (prompts hashed by character blocks, as a user's would be until
 # they set spec.routing.tokenizer), no --default-max-tokens (requests name their max_tokens).
 TOKENYARD_ARGS = os.environ.get("BENCH_TOKENYARD_ARGS", "").split()
+TRACE_PATH = os.environ.get("BENCH_TRACE")
 # The peers' cache_aware settings (bench/router_peers.py grids): each at its defaults, and sglang-router also at
 # the setting of its grid that did best on the tuning workloads (SGLANG_TUNED, chosen as tokenyard's defaults
 # were: on the four tuning workloads only; see the README's router benchmark section for the grid's figures).
@@ -278,6 +282,7 @@ async def send(
     body: dict,
     keep_text: bool = False,
     window: TokenWindow | None = None,
+    trace_tag: str | None = None,
 ) -> Result:
     base, index = dispatcher.acquire()
     # A plain client: it does not ask for the stream's usage (stream_options.include_usage), as many load
@@ -289,6 +294,7 @@ async def send(
     text_parts: list[str] = []
     try:
         async with session.post(base + path, json=payload) as response:
+            replica = response.headers.get("x-tokenyard-replica", "")
             if response.status != 200:
                 await response.read()
                 return Result(None, time.monotonic() - started, 0, False)
@@ -306,6 +312,8 @@ async def send(
                         text_parts.append(
                             (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                         )
+        if trace_tag is not None:
+            trace(trace_tag, started, ttft, replica, str(body.get("prompt", ""))[:60])
         return Result(ttft, time.monotonic() - started, tokens, ttft is not None, "".join(text_parts))
     except (TimeoutError, aiohttp.ClientError):
         return Result(ttft, time.monotonic() - started, tokens, False)
@@ -313,14 +321,25 @@ async def send(
         dispatcher.release(index)
 
 
-async def run_open_loop(session, dispatcher, requests: list[Request]) -> tuple[list[Result], float]:
+def trace(tag: str, sent: float, ttft: float | None, replica: str, prompt_head: str) -> None:
+    """One open-loop request's line in BENCH_TRACE's file."""
+    with open(TRACE_PATH, "a") as out:
+        out.write(
+            json.dumps({"slice": tag, "sent": sent, "ttft": ttft, "replica": replica, "prompt": prompt_head})
+        )
+        out.write("\n")
+
+
+async def run_open_loop(
+    session, dispatcher, requests: list[Request], trace_tag: str | None = None
+) -> tuple[list[Result], float]:
     started = time.monotonic()
 
     async def one(request: Request) -> Result:
         delay = started + request.at - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        return await send(session, dispatcher, request.path, request.body)
+        return await send(session, dispatcher, request.path, request.body, trace_tag=trace_tag)
 
     results = await asyncio.gather(*(one(r) for r in requests))
     return list(results), time.monotonic() - started
@@ -844,7 +863,10 @@ async def run_slice(
             results, _ = await run_multi_turn(session, dispatcher, rate, seconds, seed=3 + 100 * seed)
         else:
             results, _ = await run_open_loop(
-                session, dispatcher, open_requests(workload, rate, seconds, 1 + 100 * seed)
+                session,
+                dispatcher,
+                open_requests(workload, rate, seconds, 1 + 100 * seed),
+                f"{policy}/{workload.name}/{seed}" if TRACE_PATH else None,
             )
         after = await engine_counters(session, engines)
         closed, closed_tokens, closed_elapsed, closed_deltas = [], 0, 0.0, []
