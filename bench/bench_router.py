@@ -321,13 +321,18 @@ async def send(
         dispatcher.release(index)
 
 
+_trace_file = None
+
+
 def trace(tag: str, sent: float, ttft: float | None, replica: str, prompt_head: str) -> None:
-    """One open-loop request's line in BENCH_TRACE's file."""
-    with open(TRACE_PATH, "a") as out:
-        out.write(
-            json.dumps({"slice": tag, "sent": sent, "ttft": ttft, "replica": replica, "prompt": prompt_head})
-        )
-        out.write("\n")
+    """One open-loop request's line in BENCH_TRACE's file (opened once: no open() per request beside the load)."""
+    global _trace_file
+    if _trace_file is None:
+        _trace_file = open(TRACE_PATH, "a", buffering=1)  # line-buffered: a stopped run keeps what it traced
+    _trace_file.write(
+        json.dumps({"slice": tag, "sent": sent, "ttft": ttft, "replica": replica, "prompt": prompt_head})
+        + "\n"
+    )
 
 
 async def run_open_loop(

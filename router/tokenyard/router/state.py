@@ -463,8 +463,12 @@ class RouterState:
         chosen_blocks = blocks_by_size[chosen.block_size]
         hashes, private = chosen_blocks.hashes, private_of(chosen_blocks)
         kv = KvHold(tuple(hashes), private, chosen_blocks.tokens_per_block) if judge_kv else None
-        # whether it starts at once there, as freeSlot judges (accounting.PrefillOverlap samples only those)
-        slot_free = dict(zip((s.name for s in snapshots), has_free_slot(snapshots), strict=True))[chosen.name]
+        # whether it starts at once there, as freeSlot judges (accounting.PrefillOverlap samples only those; with
+        # the overlap off nothing is sampled, and the per-request pass over the candidates is skipped)
+        slot_free = (
+            self.settings.prefill_overlap
+            and dict(zip((s.name for s in snapshots), has_free_slot(snapshots), strict=True))[chosen.name]
+        )
         ticket = self.ledger.open(
             chosen.name, max(0, request.prompt_tokens - match), expected_output, kv, now, slot_free
         )

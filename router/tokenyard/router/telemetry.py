@@ -135,8 +135,9 @@ class RouterMetrics:
         )
         self.prefill_side_by_side = Gauge(
             "tokenyard_router_prefills_side_by_side",
-            "1 once the engines are seen to prefill side by side, when prefill owed no longer counts as a "
-            "replica's load (with --prefill-overlap); 0 while prefills are taken to queue.",
+            "1 once the engines are seen to prefill side by side (then prefill owed no longer counts as a "
+            "replica's load), 0 while prefills are taken to queue; with --no-prefill-overlap nothing is sampled "
+            "and it stays 0.",
             registry=r,
         )
         self.prefix_match = Histogram(

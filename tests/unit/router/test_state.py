@@ -373,6 +373,19 @@ def test_once_prefills_are_seen_side_by_side_the_prefill_owed_is_no_load_with_pr
     state.ledger.close(busy)
 
 
+def test_with_prefill_overlap_off_nothing_is_sampled():
+    state = state_with([Endpoint("a", "http://a")])
+    long = state.ledger.open("a", 4000, 10, now=0.0)
+    state.settings.prefill_overlap = False  # --no-prefill-overlap
+    off = state.route("m", "unique prompt " * 5, 10, now=0.1)
+    assert long.followers == []
+    state.settings.prefill_overlap = True
+    on = state.route("m", "unique prompt " * 5, 10, now=0.2)
+    assert long.followers == [on.ticket]  # a short prompt behind a long one, a slot free (no cap known)
+    for ticket in (long, off.ticket, on.ticket):
+        state.ledger.close(ticket)
+
+
 def test_prefill_overlap_is_on_unless_switched_off():
     parser = build_parser()
     assert options_from_args(
