@@ -675,6 +675,8 @@ class PolicyRun:
     closed_rounds: list[float] = field(default_factory=list)
     # the open loop's TTFT p90 and p99 of each round: the same for the tail
     ttft_rounds: list[tuple[float, float]] = field(default_factory=list)
+    # tokenyard's prefill-overlap verdict at the end of each round (its /metrics): what it learned of the engine
+    overlap_rounds: list[dict[str, float]] = field(default_factory=list)
 
 
 def summarise(run: PolicyRun) -> dict[str, float]:
@@ -700,6 +702,7 @@ def summarise(run: PolicyRun) -> dict[str, float]:
         "output_tok_s_rounds": [round(value, 1) for value in run.closed_rounds],
         "ttft_p90_s_rounds": [round(p90, 4) for p90, _ in run.ttft_rounds],
         "ttft_p99_s_rounds": [round(p99, 4) for _, p99 in run.ttft_rounds],
+        **({"prefill_overlap_rounds": run.overlap_rounds} if run.overlap_rounds else {}),
         "prefix_hit_rate": round(hits / queries, 4) if queries else 0.0,
         "imbalance": round(max(served) / mean, 3) if mean else 0.0,
         "closed_prefix_hit_rate": round(closed_hits / closed_queries, 4) if closed_queries else 0.0,
@@ -712,6 +715,23 @@ def summarise(run: PolicyRun) -> dict[str, float]:
     }
 
 
+async def router_overlap(session, metrics_url: str) -> dict[str, float]:
+    """tokenyard's prefill-overlap samples (overtook / waited) and verdict (side_by_side 1 or 0), from its /metrics
+    (accounting.PrefillOverlap): whether it judged the engine to prefill side by side in this round."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with session.get(metrics_url) as response:
+        text = await response.text()
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tokenyard_router_prefill_overlap_samples":
+                found[sample.labels.get("outcome", "")] = sample.value
+            elif sample.name == "tokenyard_router_prefills_side_by_side":
+                found["side_by_side"] = sample.value
+    return found
+
+
 # --- routers as processes --------------------------------------------------------------------------------------
 
 
@@ -720,7 +740,10 @@ class RouterProcess:
         self.peer = ":" in policy  # sglang:SETTING, vllm:SETTING
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.metrics_url: str | None = None  # tokenyard's own /metrics (a peer's is not read)
         if policy == "tokenyard" or policy in VARIANTS:
+            metrics_port = free_port()
+            self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
             variant = VARIANTS.get(policy, [])
             told = [] if UNTOLD in variant else ["--engine-max-num-seqs", str(ENGINE_BATCH_SIZE)]
             args = [
@@ -732,7 +755,7 @@ class RouterProcess:
                 "--grpc-port",
                 "-1",
                 "--metrics-port",
-                str(free_port()),
+                str(metrics_port),
                 "--served-model",
                 MODEL,
                 "--log-level",
@@ -882,6 +905,7 @@ async def run_slice(
             closed_deltas = counter_deltas(after, await engine_counters(session, engines))
         rounds = [closed_tokens / closed_elapsed] if closed_elapsed else []
         ttfts = [r.ttft for r in results if r.ok and r.ttft is not None]
+        overlap = [await router_overlap(session, router.metrics_url)] if router and router.metrics_url else []
         return PolicyRun(
             results,
             counter_deltas(before, after),
@@ -891,6 +915,7 @@ async def run_slice(
             closed_deltas,
             rounds,
             [(percentile(ttfts, 0.9), percentile(ttfts, 0.99))],
+            overlap,
         )
     finally:
         if router:
@@ -926,6 +951,7 @@ async def run_workload(
                 seen.closed_tokens += part.closed_tokens
                 seen.closed_rounds += part.closed_rounds
                 seen.ttft_rounds += part.ttft_rounds
+                seen.overlap_rounds += part.overlap_rounds
                 seen.closed_elapsed += part.closed_elapsed
                 seen.closed_deltas = add_deltas(seen.closed_deltas, part.closed_deltas)
     return runs

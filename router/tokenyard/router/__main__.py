@@ -185,6 +185,22 @@ def build_parser() -> argparse.ArgumentParser:
         "replica's load (default: on)",
     )
     route.add_argument(
+        "--output-by-age",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="charge a request's remaining decode by its age: the mean length of the model's finished answers that "
+        "ran longer, less what it has streamed (answers that outlast the short ones are mostly long ones); "
+        "--no-output-by-age counts the mean length down (default: on)",
+    )
+    route.add_argument(
+        "--decode-horizon",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="an experiment: count at most TOKENS of each request's remaining answer as its replica's load (a new "
+        "prompt's first token waits for a few steps, not for the rest of long answers); default: all of it",
+    )
+    route.add_argument(
         "--guarded-load",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -328,6 +344,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         guarded_load=args.guarded_load,
         batch_stretch=args.batch_stretch,
         prefill_overlap=args.prefill_overlap,
+        output_by_age=args.output_by_age,
+        decode_horizon=args.decode_horizon,
         prefill_progress=args.prefill_progress,
         stream_usage=args.stream_usage,
     )

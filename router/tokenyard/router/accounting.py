@@ -3,7 +3,8 @@ its own (the caller passes the time).
 
 A request adds its prompt tokens the replica has not cached (work still to prefill) plus its expected decode
 tokens when it is routed. The prefill part is released when the first token arrives, decode tokens as they
-stream, and whatever remains when the request ends - on success, error, timeout or client disconnect alike
+stream (or, for a ticket opened with the model's ``OutputLength``, recharged at each token as what answers of its
+age still wrote: learned_sizes), and whatever remains when the request ends - on success, error, timeout or client disconnect alike
 (a counter that is only released on success drifts; see skypilot-org/skypilot#10444).
 
 For tickets opened with a ``KvHold`` (the router gives one when the kvFits filter is configured), the ledger
@@ -42,6 +43,8 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tokenyard.router.learned_sizes import OutputLength
+
 
 @dataclass(frozen=True)
 class KvHold:
@@ -72,6 +75,11 @@ class Ticket:
     first_token_at: float | None = None  # when its first token came, if that was timed
     # short prompts sent behind this one's prefill while a batch slot was free (PrefillOverlap's samples)
     followers: list[Ticket] = field(default_factory=list)
+    generated: int = 0  # output tokens streamed so far
+    # Given, decode_left is recharged at each token as what the model's answers of this age still wrote, under
+    # the request's cap (OutputLength.remaining); else it counts down from what was charged at the start.
+    output: OutputLength | None = None
+    output_cap: int = 0
 
     @property
     def tokens_left(self) -> int:
@@ -176,9 +184,13 @@ class ReplicaLoad:
 class LoadLedger:
     """Outstanding tokens and requests per replica, counted by this router."""
 
-    def __init__(self) -> None:
+    def __init__(self, decode_horizon: int | None = None) -> None:
         self._ids = itertools.count(1)
         self._loads: dict[str, ReplicaLoad] = defaultdict(ReplicaLoad)
+        # Given, ``decode_beyond`` sums per replica each open ticket's decode past its first ``decode_horizon``
+        # tokens (an experiment: see RouterSettings.decode_horizon).
+        self.decode_horizon = decode_horizon
+        self._decode_beyond: dict[str, int] = defaultdict(int)
         self._open: dict[int, Ticket] = {}
         # replica -> block hash -> open tickets holding it; replica -> KV tokens those tickets hold
         self._held_blocks: dict[str, Counter[int]] = defaultdict(Counter)
@@ -200,9 +212,13 @@ class LoadLedger:
         kv: KvHold | None = None,
         now: float = 0.0,
         slot_free: bool = True,
+        output: OutputLength | None = None,
+        output_cap: int = 0,
     ) -> Ticket:
         """``slot_free``: the replica had a batch slot free for it as far as the router knew (False: it may
-        wait for one, and its time to first token says nothing about how the engine prefills)."""
+        wait for one, and its time to first token says nothing about how the engine prefills). ``output`` and
+        ``output_cap``: the model's answer lengths and the request's max_tokens, to recharge its decode by age
+        (Ticket.output)."""
         if prefill_tokens < 0 or decode_tokens < 0:
             raise ValueError(
                 f"token counts must be >= 0, got prefill={prefill_tokens} decode={decode_tokens}"
@@ -215,6 +231,8 @@ class LoadLedger:
             kv=kv,
             opened_at=now,
             prefill_sent=prefill_tokens,
+            output=output,
+            output_cap=output_cap,
         )
         if slot_free:
             for ahead in self._prefilling.get(replica, {}).values():
@@ -227,6 +245,7 @@ class LoadLedger:
         load = self._loads[replica]
         load.tokens += ticket.tokens_left
         load.requests += 1
+        self._count_beyond(ticket, 0, decode_tokens)
         self._open[ticket.id] = ticket
         if kv is not None:
             self._hold(replica, kv, +1)
@@ -319,9 +338,31 @@ class LoadLedger:
         if ticket.closed or tokens <= 0:
             return
         self.first_token(ticket, now)
-        released = min(tokens, ticket.decode_left)
-        ticket.decode_left -= released
-        self._loads[ticket.replica].tokens -= released
+        ticket.generated += tokens
+        if ticket.output is None:
+            left = max(0, ticket.decode_left - tokens)
+        else:
+            left = ticket.output.remaining(ticket.generated, ticket.output_cap)
+        self._loads[ticket.replica].tokens += left - ticket.decode_left
+        self._count_beyond(ticket, ticket.decode_left, left)
+        ticket.decode_left = left
+
+    def _count_beyond(self, ticket: Ticket, before: int, after: int) -> None:
+        """The ticket's decode went from ``before`` to ``after`` tokens: keep ``decode_beyond`` in step."""
+        horizon = self.decode_horizon
+        if horizon is None:
+            return
+        change = max(0, after - horizon) - max(0, before - horizon)
+        if change:
+            beyond = self._decode_beyond[ticket.replica] + change
+            if beyond:
+                self._decode_beyond[ticket.replica] = beyond
+            else:
+                del self._decode_beyond[ticket.replica]
+
+    def decode_beyond(self, replica: str) -> int:
+        """The open tickets' decode tokens past each one's first ``decode_horizon`` (0 without a horizon)."""
+        return self._decode_beyond.get(replica, 0)
 
     def close(self, ticket: Ticket) -> None:
         """The request ended, however it ended; safe to call more than once."""
@@ -330,6 +371,7 @@ class LoadLedger:
         load = self._loads[ticket.replica]
         load.tokens -= ticket.tokens_left
         load.requests -= 1
+        self._count_beyond(ticket, ticket.decode_left, 0)
         if ticket.kv is not None:
             self._hold(ticket.replica, ticket.kv, -1)
         self._end_prefill(ticket)
@@ -342,7 +384,16 @@ class LoadLedger:
     def move(self, ticket: Ticket, replica: str) -> Ticket:
         """The request is served by ``replica`` after all (a gateway fell back to it): what it still owes and
         the KV blocks it holds move there; the old ticket is closed, the new one returned."""
-        moved = self.open(replica, ticket.prefill_left, ticket.decode_left, ticket.kv, ticket.opened_at)
+        moved = self.open(
+            replica,
+            ticket.prefill_left,
+            ticket.decode_left,
+            ticket.kv,
+            ticket.opened_at,
+            output=ticket.output,
+            output_cap=ticket.output_cap,
+        )
+        moved.generated = ticket.generated
         self.close(ticket)
         return moved
 

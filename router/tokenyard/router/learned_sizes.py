@@ -27,6 +27,17 @@ The router counts the tokens each finished answer streamed; the expected output 
 of those counts (decayed, per model), never more than its own cap, and the cap itself until MIN_ANSWERS
 answers have been seen.
 
+A mean is the right charge for a request just sent, not for one already answering. Answer lengths are heavy-
+tailed or split in two (a model stops after a sentence, or writes to the cap): an answer that has run past the
+short ones is most likely a long one, so the tokens it still owes grow with its age where a mean counted down
+says it is nearly done. llm-d-inference-sim v0.9.2 draws 70% of its answers from 1-60 tokens and 25% at or near
+the cap (pkg/dataset/histogram_helper.go, respLenBucketsProbabilities): a request 100 tokens in owes about 1,900
+more, while the mean (~580) counts it down to nothing by token 580 and the replica running four such answers
+looks empty. So ``remaining`` charges what answers that ran at least this long went on to write: the decayed
+lengths are kept in buckets (four per doubling), and a request ``a`` tokens in owes the mean length of the answers
+longer than ``a``, less ``a`` (0 once it outlived every answer seen). Where every answer has one length (bench-
+router's tuning workloads ask ``ignore_eos``) that is exactly the length less its age, as a count-down charged.
+
 Concurrency
 -----------
 An engine runs at most so many requests at once (vLLM's --max-num-seqs, SGLang's --max-running-requests), and a
@@ -49,6 +60,7 @@ the largest, which weakens the filter on the smaller ones until each has its own
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 PRIOR_TOKENS = 4096.0  # the guess counts as this many observed tokens: a few requests outweigh it
@@ -83,15 +95,23 @@ class BytesPerToken:
 
 MIN_ANSWERS = 20
 OUTPUT_HALF_LIFE_ANSWERS = 500.0  # a change of workload shows after a few hundred answers
+# Answer-length buckets: [edge, next edge), four per doubling up to 2^20 tokens (each at most ~19% wide, so an
+# answer's age and the lengths in its own bucket differ by little), then one open bucket.
+OUTPUT_BUCKET_EDGES: tuple[int, ...] = tuple(sorted({0} | {round(2 ** (i / 4)) for i in range(0, 81)}))
 
 
 @dataclass
 class OutputLength:
-    """The mean output length of one model's finished answers, decayed."""
+    """How long one model's finished answers are, decayed: their mean (``expected``) and, by length bucket,
+    what an answer still owes at a given age (``remaining``)."""
 
     total_tokens: float = 0.0
     answers: float = 0.0
     observations: int = 0
+    _weights: list[float] = field(default_factory=lambda: [0.0] * len(OUTPUT_BUCKET_EDGES))
+    _lengths: list[float] = field(default_factory=lambda: [0.0] * len(OUTPUT_BUCKET_EDGES))
+    # per bucket, the decayed count and token sum of the answers in it or a longer one (None: to recompute)
+    _tails: tuple[list[float], list[float]] | None = None
 
     def observe(self, output_tokens: int) -> None:
         if output_tokens < 0:
@@ -100,12 +120,47 @@ class OutputLength:
         self.total_tokens = self.total_tokens * keep + output_tokens
         self.answers = self.answers * keep + 1.0
         self.observations += 1
+        weights, lengths = self._weights, self._lengths
+        for i in range(len(weights)):
+            weights[i] *= keep
+            lengths[i] *= keep
+        bucket = bisect.bisect_right(OUTPUT_BUCKET_EDGES, output_tokens) - 1
+        weights[bucket] += 1.0
+        lengths[bucket] += output_tokens
+        self._tails = None
 
     def expected(self, max_tokens: int) -> int:
         """Decode tokens to charge a new request whose cap is ``max_tokens``."""
         if self.observations < MIN_ANSWERS or self.answers <= 0:
             return max_tokens
         return max(1, min(max_tokens, round(self.total_tokens / self.answers)))
+
+    def remaining(self, generated: int, max_tokens: int) -> int:
+        """Decode tokens still to charge a request that has streamed ``generated`` tokens under its cap
+        ``max_tokens``: the mean length of the answers seen that ran longer, less ``generated``; never more
+        than the cap leaves. Before MIN_ANSWERS answers, what the cap leaves."""
+        left_by_cap = max(0, max_tokens - generated)
+        if self.observations < MIN_ANSWERS:
+            return left_by_cap
+        if self._tails is None:
+            self._tails = (_suffix_sums(self._weights), _suffix_sums(self._lengths))
+        tail_weights, tail_lengths = self._tails
+        # the answers longer than ``generated``: those in the bucket of generated + 1 and beyond (the bucket's
+        # shorter ones too, a bias of at most its width)
+        bucket = bisect.bisect_right(OUTPUT_BUCKET_EDGES, generated + 1) - 1
+        if tail_weights[bucket] <= 1e-9:
+            return 0  # it outlived every answer seen
+        longer_mean = tail_lengths[bucket] / tail_weights[bucket]
+        return min(left_by_cap, max(0, round(longer_mean) - generated))
+
+
+def _suffix_sums(values: list[float]) -> list[float]:
+    sums = [0.0] * len(values)
+    running = 0.0
+    for i in range(len(values) - 1, -1, -1):
+        running += values[i]
+        sums[i] = running
+    return sums
 
 
 CAP_CONFIRMATIONS = 3  # scrapes of one replica

@@ -115,6 +115,16 @@ class RouterSettings:
     # Learn whether the engines prefill side by side (accounting.PrefillOverlap) and, where they do, count no
     # prefill owed as a replica's load. A default since 2026-12-07 (figures next to core.DEFAULT_WEIGHTS).
     prefill_overlap: bool = True
+    # Charge a request's decode by its age: what the model's answers that ran as long still wrote
+    # (learned_sizes.OutputLength.remaining), not a mean counted down. A default since 2026-12-07: on the tuning
+    # workloads every answer has one length and it charges exactly the count-down (figures next to
+    # core.DEFAULT_WEIGHTS).
+    output_by_age: bool = True
+    # An experiment, off by default: count at most this many of each request's remaining decode tokens as its
+    # replica's load (None: all of them). A new prompt's first token waits for the steps its prefill takes, in
+    # which each running request writes a token or so; the rest of a long answer is later work, which delays
+    # nobody's first token. Peers' loads (Redis) are still counted whole.
+    decode_horizon: int | None = None
     # Correct the prefix index from the cached tokens engines report per request (learn_cached_tokens).
     prefix_feedback: bool = False
     # Ask the engine for a stream's usage when its client did not (openai_wire.ask_stream_usage), and hide it.
@@ -156,7 +166,7 @@ class RouterState:
         self.tokenizers = TokenizerCache()
         self.rng = rng or random.Random()
         self.models: dict[str, ModelView] = {}
-        self.ledger = LoadLedger()
+        self.ledger = LoadLedger(self.settings.decode_horizon)
         self.failures = FailureTracker(self.settings.ejection)
         self.index = PrefixIndex(DEFAULT_CAPACITY_BLOCKS, self.settings.prefix_max_age_s)
         # KV capacity in tokens per replica, as its /metrics report it; the index's capacity in its own blocks
@@ -306,7 +316,14 @@ class RouterState:
             ejected=self.failures.is_ejected(endpoint.name, now),
             # What the replica owes, less the prefill it has likely done since our oldest open prompt there was
             # sent (accounting.LoadLedger.prefill_done; requests of peer routers are counted whole).
-            outstanding_tokens=max(0, round(load.tokens - self._prefill_done(endpoint.name, now))),
+            outstanding_tokens=max(
+                0,
+                round(
+                    load.tokens
+                    - self._prefill_done(endpoint.name, now)
+                    - self.ledger.decode_beyond(endpoint.name)
+                ),
+            ),
             outstanding_requests=max(0, load.requests),
             kv_usage=stats.kv_usage if fresh and stats else None,
             queue_waiting=stats.waiting if fresh and stats else None,
@@ -406,7 +423,11 @@ class RouterState:
             )
         snapshots = [self.snapshot(e, now) for e in endpoints]
         # What the ledger charges for the decode: the cap, or less once answers showed how long they really are.
-        expected_output = self.output_length_for(model).expected(max_tokens)
+        output_lengths = self.output_length_for(model)
+        if self.settings.output_by_age:
+            expected_output = output_lengths.remaining(0, max_tokens)
+        else:
+            expected_output = output_lengths.expected(max_tokens)
         request = RoutingRequest(model=model, prompt_tokens=0, expected_output_tokens=expected_output)
         if not shadow:
             available = {s.revision for s in snapshots if s.healthy and not s.ejected}
@@ -470,7 +491,14 @@ class RouterState:
             and dict(zip((s.name for s in snapshots), has_free_slot(snapshots), strict=True))[chosen.name]
         )
         ticket = self.ledger.open(
-            chosen.name, max(0, request.prompt_tokens - match), expected_output, kv, now, slot_free
+            chosen.name,
+            max(0, request.prompt_tokens - match),
+            expected_output,
+            kv,
+            now,
+            slot_free,
+            output_lengths if self.settings.output_by_age else None,
+            max_tokens,
         )
         # read before the insert below touches them
         match_last_used = self.index.last_used(chosen.name, hashes) if self.settings.prefix_feedback else ()

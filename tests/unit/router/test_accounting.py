@@ -9,6 +9,7 @@ from tokenyard.router.accounting import (
     PrefillOverlap,
     PrefillRate,
 )
+from tokenyard.router.learned_sizes import OutputLength
 
 
 def measure(
@@ -196,11 +197,17 @@ operations = st.lists(
 @settings(max_examples=80, deadline=None)
 @given(operations)
 def test_ledger_never_negative_and_returns_to_zero_when_every_ticket_closes(ops):
-    ledger = LoadLedger()
+    ledger = LoadLedger(decode_horizon=100)
+    lengths = OutputLength()  # half the tickets are recharged by age (their decode may grow)
+    for i in range(50):
+        lengths.observe(3 + 97 * (i % 2))
     tickets = []
     for op, which, amount in ops:
         if op == "open":
-            tickets.append(ledger.open(f"r{which % 3}", amount, amount // 2))
+            by_age = (lengths, 200) if which % 2 else (None, 0)
+            tickets.append(
+                ledger.open(f"r{which % 3}", amount, amount // 2, output=by_age[0], output_cap=by_age[1])
+            )
         elif tickets:
             ticket = tickets[which % len(tickets)]
             if op == "first":
@@ -213,9 +220,11 @@ def test_ledger_never_negative_and_returns_to_zero_when_every_ticket_closes(ops)
             load = ledger.load(name)
             assert load.tokens >= 0 and load.requests >= 0
             assert load.tokens == sum(t.tokens_left for t in tickets if t.replica == name and not t.closed)
+            beyond = sum(max(0, t.decode_left - 100) for t in tickets if t.replica == name and not t.closed)
+            assert ledger.decode_beyond(name) == beyond
     for ticket in tickets:
         ledger.close(ticket)
-    assert ledger.snapshot() == {}
+    assert ledger.snapshot() == {} and all(ledger.decode_beyond(name) == 0 for name in ("r0", "r1", "r2"))
 
 
 def test_ejection_after_consecutive_failures_with_backoff():
@@ -283,3 +292,24 @@ def test_a_ticket_moved_to_another_replica_takes_its_load_and_kv_along():
     assert ledger.load("fallback").tokens == 110 and ledger.kv_held_tokens("fallback") == 3 * 16
     ledger.close(moved)
     assert ledger.open_tickets() == 0 and ledger.kv_held_tokens("fallback") == 0
+
+
+def test_a_ticket_with_the_models_answer_lengths_is_recharged_by_its_age():
+    lengths = OutputLength()
+    for i in range(1000):  # 70% of answers end within 60 tokens, 30% run to ~2,000
+        lengths.observe(1 + i % 60 if i % 10 < 7 else 2000 + i % 49)
+    ledger = LoadLedger()
+    by_age = ledger.open("a", 100, lengths.remaining(0, 2048), output=lengths, output_cap=2048)
+    counted_down = ledger.open("b", 100, lengths.expected(2048))
+    for _ in range(200):
+        ledger.generated(by_age, 1)
+        ledger.generated(counted_down, 1)
+    assert by_age.generated == 200
+    assert ledger.load("a").tokens == by_age.decode_left == lengths.remaining(200, 2048) > 1_700
+    assert ledger.load("b").tokens == lengths.expected(2048) - 200  # the mean, counted down
+    moved = ledger.move(by_age, "c")  # a gateway fell back: the age and the lengths go along
+    ledger.generated(moved, 1)
+    assert ledger.load("c").tokens == lengths.remaining(201, 2048) and ledger.load("a").requests == 0
+    ledger.close(moved)
+    ledger.close(counted_down)
+    assert ledger.snapshot() == {}

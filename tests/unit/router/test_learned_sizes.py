@@ -83,3 +83,32 @@ def test_a_decision_charges_the_learned_output_length_in_the_ledger():
         state.learn_output_tokens("m", 100)
     second = state.route("m", "y" * 400, 2048, now=1.0)
     assert second.ticket.decode_left == 100
+
+
+def split_answers(lengths: OutputLength, count: int = 1000) -> None:
+    """Answers as llm-d-inference-sim writes them under a cap of 2,048: 70% of 1-60 tokens, 30% of 2,000-2,048."""
+    for i in range(count):
+        lengths.observe(1 + i % 60 if i % 10 < 7 else 2000 + i % 49)
+
+
+def test_an_answer_that_outlasts_the_short_ones_is_charged_as_a_long_one():
+    lengths = OutputLength()
+    split_answers(lengths)
+    at_start = lengths.remaining(0, 2048)
+    assert abs(at_start - lengths.expected(2048)) <= 1  # sent: the mean
+    assert 600 <= at_start <= 650
+    # 100 tokens in, only the long answers ran this long: it owes ~1,900 more, where the mean counted down to 500
+    assert 1_850 <= lengths.remaining(100, 2048) <= 1_950
+    assert lengths.remaining(100, 2048) > lengths.remaining(30, 2048) > at_start  # dearer with age, then...
+    assert lengths.remaining(2_040, 2048) <= 8  # ...cheaper as it nears the longest
+    assert lengths.remaining(5_000, 8192) == 0  # outlived every answer seen
+    assert lengths.remaining(100, 512) == 412  # never more than its own cap leaves
+
+
+def test_where_every_answer_has_one_length_the_charge_counts_down_from_it():
+    lengths = OutputLength()
+    for _ in range(MIN_ANSWERS - 1):
+        lengths.observe(24)
+    assert [lengths.remaining(age, 2048) for age in (0, 10)] == [2048, 2038]  # too few answers: the cap's
+    lengths.observe(24)
+    assert [lengths.remaining(age, 2048) for age in range(30)] == [max(0, 24 - age) for age in range(30)]

@@ -9,7 +9,7 @@ from tokenyard.router.discovery import ConfigError, Endpoint, ModelView, Shadow
 from tokenyard.router.enginestats import EngineStats, parse_engine_metrics
 from tokenyard.router.learned_sizes import CAP_CONFIRMATIONS, FLEET_CAP_REPLICAS
 from tokenyard.router.openai_wire import prompt_of, render_chat
-from tokenyard.router.state import RouterState, RoutingError, routing_block_size
+from tokenyard.router.state import RouterSettings, RouterState, RoutingError, routing_block_size
 
 PROMPT = "shared system prompt " * 100
 
@@ -417,3 +417,38 @@ def test_a_cap_a_peer_confirmed_serves_until_this_router_sees_it_exceeded():
     for _ in range(CAP_CONFIRMATIONS):
         state.record_stats("a", EngineStats(scraped_at=2.0, waiting=3.0, running=12.0))
     assert state.concurrency_of("a") == 12 and state.confirmed_caps() == {"a": 12}
+
+
+def test_output_by_age_is_on_unless_switched_off_and_decides_the_tickets_charge():
+    parser = build_parser()
+    on = options_from_args(parser.parse_args(["--backend", "a=http://127.0.0.1:1"])).settings
+    off = options_from_args(parser.parse_args(["--backend", "a=http://127.0.0.1:1", "--no-output-by-age"]))
+    assert on.output_by_age and not off.settings.output_by_age
+    for by_age in (True, False):
+        state = RouterState(settings=RouterSettings(output_by_age=by_age))
+        state.set_models({"m": ModelView("m", [Endpoint("a", "http://a")])})
+        for i in range(100):  # half the answers 10 tokens, half 1,000
+            state.learn_output_tokens("m", 10 if i % 2 else 1_000)
+        route = state.route("m", "x" * 400, 2048, now=0.0)
+        state.ledger.generated(route.ticket, 20)  # past the short answers
+        expected = 980 if by_age else 505 - 20  # what the long ones still write / the mean counted down
+        assert abs(route.ticket.decode_left - expected) <= 2, (by_age, route.ticket.decode_left)
+
+
+def test_with_a_decode_horizon_only_that_much_of_each_answer_left_is_load():
+    parser = build_parser()
+    assert (
+        options_from_args(parser.parse_args(["--backend", "a=http://127.0.0.1:1"])).settings.decode_horizon
+        is None
+    )
+    told = parser.parse_args(["--backend", "a=http://127.0.0.1:1", "--decode-horizon", "8"])
+    state = RouterState(settings=options_from_args(told).settings)
+    state.set_models({"m": ModelView("m", [Endpoint("a", "http://a")])})
+    route = state.route("m", "x" * 400, 500, now=0.0)
+    state.ledger.first_token(route.ticket, 0.1)
+    assert state.ledger.load("a").tokens == 500  # the ledger still counts the whole answer (and shares it)...
+    assert state.snapshot(state.models["m"].endpoints[0], 0.2).outstanding_tokens == 8  # ...the score 8 of it
+    state.ledger.generated(route.ticket, 495)
+    assert state.snapshot(state.models["m"].endpoints[0], 0.3).outstanding_tokens == 5  # 5 left, all counted
+    state.ledger.close(route.ticket)
+    assert state.snapshot(state.models["m"].endpoints[0], 0.4).outstanding_tokens == 0
