@@ -171,6 +171,12 @@ DEFAULT_MISS_PENALTY = 0.5
 # (router-llm-d-prefill-overlap-tuning-2026-12-07.txt) shared_prefix_70 0.035 / 0.264 -> 0.035 / 0.263,
 # shared_prefix_95 0.262 / 0.335 -> 0.245 / 0.340 (rounds 0.33 0.33 0.40 -> 0.33 0.33 0.34), multi_turn 0.057 /
 # 0.085 -> 0.057 / 0.083, tokens/s equal.
+# Output by age (learned_sizes.OutputLength.remaining, RouterSettings.output_by_age): an answer in flight is charged
+# what the model's answers that ran as long still wrote, not their mean counted down. A DEFAULT since 2026-12-07:
+# where every answer has one length (the tuning workloads ask ignore_eos) it charges exactly the count-down, so it
+# decides there as before. Held out, unknown_output (3 rounds, TTFT p90 / p99 s): llm-d 0.172 / 0.194 -> 0.171 /
+# 0.194, tokenyard.sim 0.435 / 0.456 -> 0.426 / 0.450, tokens/s equal (bench/results/router-llm-d-output-by-age-
+# held-out-2026-12-07.txt, router-output-by-age-held-out-2026-12-07.txt).
 DEFAULT_WEIGHTS: dict[str, float] = {
     "outstandingTokens": 1.0,
     "prefixCache": 0.25,
