@@ -330,6 +330,8 @@ def options_from_args(args: argparse.Namespace) -> ServerOptions:
         raise ConfigError(f"--epp-port {args.epp_port}: not a port number (-1 disables the endpoint picker)")
     if args.epp_fallbacks < 0:
         raise ConfigError(f"--epp-fallbacks {args.epp_fallbacks}: must be >= 0")
+    if args.decode_horizon is not None and args.decode_horizon < 0:
+        raise ConfigError(f"--decode-horizon {args.decode_horizon}: must be >= 0 tokens")
     settings = RouterSettings(
         default_max_tokens=args.default_max_tokens,
         chars_per_token=args.chars_per_token,

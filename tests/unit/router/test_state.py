@@ -441,6 +441,9 @@ def test_with_a_decode_horizon_only_that_much_of_each_answer_left_is_load():
         options_from_args(parser.parse_args(["--backend", "a=http://127.0.0.1:1"])).settings.decode_horizon
         is None
     )
+    negative = parser.parse_args(["--backend", "a=http://127.0.0.1:1", "--decode-horizon", "-1"])
+    with pytest.raises(ConfigError, match="--decode-horizon -1: must be >= 0"):
+        options_from_args(negative)
     told = parser.parse_args(["--backend", "a=http://127.0.0.1:1", "--decode-horizon", "8"])
     state = RouterState(settings=options_from_args(told).settings)
     state.set_models({"m": ModelView("m", [Endpoint("a", "http://a")])})
