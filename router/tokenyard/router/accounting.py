@@ -4,8 +4,8 @@ its own (the caller passes the time).
 A request adds its prompt tokens the replica has not cached (work still to prefill) plus its expected decode
 tokens when it is routed. The prefill part is released when the first token arrives, decode tokens as they
 stream (or, for a ticket opened with the model's ``OutputLength``, recharged at each token as what answers of its
-age still wrote: learned_sizes), and whatever remains when the request ends - on success, error, timeout or client disconnect alike
-(a counter that is only released on success drifts; see skypilot-org/skypilot#10444).
+age still wrote: learned_sizes), and whatever remains when the request ends - on success, error, timeout or
+client disconnect alike (a counter that is only released on success drifts; see skypilot-org/skypilot#10444).
 
 For tickets opened with a ``KvHold`` (the router gives one when the kvFits filter is configured), the ledger
 also counts each replica's KV footprint in flight: the distinct prompt blocks its open tickets hold
