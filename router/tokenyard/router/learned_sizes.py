@@ -105,8 +105,6 @@ class OutputLength:
     """How long one model's finished answers are, decayed: their mean (``expected``) and, by length bucket,
     what an answer still owes at a given age (``remaining``)."""
 
-    total_tokens: float = 0.0
-    answers: float = 0.0
     observations: int = 0
     _weights: list[float] = field(default_factory=lambda: [0.0] * len(OUTPUT_BUCKET_EDGES))
     _lengths: list[float] = field(default_factory=lambda: [0.0] * len(OUTPUT_BUCKET_EDGES))
@@ -117,8 +115,6 @@ class OutputLength:
         if output_tokens < 0:
             return
         keep = 0.5 ** (1.0 / OUTPUT_HALF_LIFE_ANSWERS)
-        self.total_tokens = self.total_tokens * keep + output_tokens
-        self.answers = self.answers * keep + 1.0
         self.observations += 1
         weights, lengths = self._weights, self._lengths
         for i in range(len(weights)):
@@ -129,8 +125,23 @@ class OutputLength:
         lengths[bucket] += output_tokens
         self._tails = None
 
+    def _tail_sums(self) -> tuple[list[float], list[float]]:
+        if self._tails is None:
+            self._tails = (_suffix_sums(self._weights), _suffix_sums(self._lengths))
+        return self._tails
+
+    @property
+    def answers(self) -> float:
+        """The answers seen, decayed."""
+        return self._tail_sums()[0][0]
+
+    @property
+    def total_tokens(self) -> float:
+        """Their tokens, decayed alike."""
+        return self._tail_sums()[1][0]
+
     def expected(self, max_tokens: int) -> int:
-        """Decode tokens to charge a new request whose cap is ``max_tokens``."""
+        """Decode tokens to charge a new request whose cap is ``max_tokens``: the mean answer, never above it."""
         if self.observations < MIN_ANSWERS or self.answers <= 0:
             return max_tokens
         return max(1, min(max_tokens, round(self.total_tokens / self.answers)))
@@ -142,9 +153,7 @@ class OutputLength:
         left_by_cap = max(0, max_tokens - generated)
         if self.observations < MIN_ANSWERS:
             return left_by_cap
-        if self._tails is None:
-            self._tails = (_suffix_sums(self._weights), _suffix_sums(self._lengths))
-        tail_weights, tail_lengths = self._tails
+        tail_weights, tail_lengths = self._tail_sums()
         # the answers longer than ``generated``: those in the bucket of generated + 1 and beyond (the bucket's
         # shorter ones too, a bias of at most its width)
         bucket = bisect.bisect_right(OUTPUT_BUCKET_EDGES, generated + 1) - 1

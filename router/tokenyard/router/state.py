@@ -488,10 +488,7 @@ class RouterState:
         kv = KvHold(tuple(hashes), private, chosen_blocks.tokens_per_block) if judge_kv else None
         # whether it starts at once there, as freeSlot judges (accounting.PrefillOverlap samples only those; with
         # the overlap off nothing is sampled, and the per-request pass over the candidates is skipped)
-        slot_free = (
-            self.settings.prefill_overlap
-            and dict(zip((s.name for s in snapshots), has_free_slot(snapshots), strict=True))[chosen.name]
-        )
+        slot_free = self.settings.prefill_overlap and has_free_slot(snapshots)[snapshots.index(chosen)]
         ticket = self.ledger.open(
             chosen.name,
             max(0, request.prompt_tokens - match),
