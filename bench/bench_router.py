@@ -21,8 +21,8 @@ Policies:
   hop of its own, beside the hop-free bound above (added after the 2026-12-03 full run).
 
 BENCH_ENGINE=llm-d (`make bench-router-llm-d`): the same comparison on llm-d-inference-sim v0.9.2 engines instead
-(LlmdFleet), whose tokenizer, KV cache and prefill model are not this project's; vllm-router is left out there
-(it needs /tokenize), and results go to bench/results/router-llm-d.json.
+(LlmdFleet), whose tokenizer, KV cache and prefill model are not this project's; results go to
+bench/results/router-llm-d.json.
 
 Workloads (bench/router_workloads.py; rates relative to a capacity measured on one engine x ENGINES). The router's
 defaults, and SGLANG_TUNED, are chosen on the four tuning workloads only; the held-out families report them:
@@ -141,11 +141,9 @@ SGLANG_TUNED = "sglang:threshold_0.6"
 ENGINE_KIND = os.environ.get("BENCH_ENGINE", "tokenyard-sim")
 if ENGINE_KIND not in ("tokenyard-sim", "llm-d"):
     raise SystemExit(f"BENCH_ENGINE: unknown engine {ENGINE_KIND!r}; known: tokenyard-sim, llm-d")
-# vllm-router's cache_aware posts every request to each worker's /tokenize first, which llm-d-inference-sim
-# (v0.9.2) does not serve: on those engines it is left out unless named.
-_DEFAULT_POLICIES = f"tokenyard,round_robin,least_outstanding,sglang:defaults,{SGLANG_TUNED}," + (
-    "vllm:defaults,sglang:round_robin" if ENGINE_KIND == "tokenyard-sim" else "sglang:round_robin"
-)
+# vllm-router's cache_aware posts every request to each worker's /tokenize first: tokenyard.sim serves it as vLLM
+# does, and so does llm-d-inference-sim v0.9.2 (pkg/communication/http.go routes POST /tokenize to its tokenizer).
+_DEFAULT_POLICIES = f"tokenyard,round_robin,least_outstanding,sglang:defaults,{SGLANG_TUNED},vllm:defaults,sglang:round_robin"
 POLICIES = tuple(os.environ.get("BENCH_POLICIES", _DEFAULT_POLICIES).split(","))
 # Tuning: extra tokenyard configurations run side by side with the others, as policies of their own:
 # BENCH_VARIANTS="name=--flag value --flag2 value;name2=..." adds policies `name`, `name2` (router flags on top of
