@@ -60,7 +60,9 @@ Figures, per workload and policy:
 - in the JSON only, client_ttft_mean_s beside engine_ttft_mean_s (the engines' own histogram): their difference
   is what the path in front of the engines adds under load, a router hop or the load generator alone.
 Then the router's overhead (added latency p50/p99 against calling an engine directly, and the requests/s one
-router process sustains with a closed loop of small requests). Prints a table and, last, one JSON line.
+router process sustains with a closed loop of small requests), with a bare aiohttp pass-through proxy as a
+labelled floor row (bench/passthrough_proxy.py: what the HTTP stack alone adds). Prints a table and, last, one
+JSON line.
 
 BENCH_QUICK=1: shorter runs (same comparison).
 BENCH_TRACE=<file>: also append one JSON line per open-loop request (policy/workload/round, when it was sent on the
@@ -143,7 +145,9 @@ if ENGINE_KIND not in ("tokenyard-sim", "llm-d"):
     raise SystemExit(f"BENCH_ENGINE: unknown engine {ENGINE_KIND!r}; known: tokenyard-sim, llm-d")
 # vllm-router's cache_aware posts every request to each worker's /tokenize first: tokenyard.sim serves it as vLLM
 # does, and so does llm-d-inference-sim v0.9.2 (pkg/communication/http.go routes POST /tokenize to its tokenizer).
-_DEFAULT_POLICIES = f"tokenyard,round_robin,least_outstanding,sglang:defaults,{SGLANG_TUNED},vllm:defaults,sglang:round_robin"
+_DEFAULT_POLICIES = (
+    f"tokenyard,round_robin,least_outstanding,sglang:defaults,{SGLANG_TUNED},vllm:defaults,sglang:round_robin"
+)
 POLICIES = tuple(os.environ.get("BENCH_POLICIES", _DEFAULT_POLICIES).split(","))
 # Tuning: extra tokenyard configurations run side by side with the others, as policies of their own:
 # BENCH_VARIANTS="name=--flag value --flag2 value;name2=..." adds policies `name`, `name2` (router flags on top of
@@ -739,7 +743,15 @@ class RouterProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.metrics_url: str | None = None  # tokenyard's own /metrics (a peer's is not read)
-        if policy == "tokenyard" or policy in VARIANTS:
+        if policy == PASSTHROUGH:
+            args = [
+                PY,
+                os.path.join(REPO, "bench", "passthrough_proxy.py"),
+                "--port",
+                str(self.port),
+                *engines,
+            ]
+        elif policy == "tokenyard" or policy in VARIANTS:
             metrics_port = free_port()
             self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
             variant = VARIANTS.get(policy, [])
@@ -956,13 +968,17 @@ async def run_workload(
 
 
 OVERHEAD_ROUTERS = ("tokenyard", "sglang:defaults", "vllm:defaults")
+# A labelled floor row of the overhead table, not a peer: a bare aiohttp proxy (bench/passthrough_proxy.py) on
+# the router's HTTP stack, doing nothing else. tokenyard's hop less its hop is what tokenyard's own work costs.
+PASSTHROUGH = "passthrough (floor)"
 
 
 async def overhead(session, engines) -> dict[str, dict[str, float]]:
-    """Per router process (tokenyard and the peers, all running at once): the added latency of its hop
-    (sequential small requests, interleaved direct / through each router so that all see the same machine load)
-    and the requests/s it sustains alone (closed loop, 64 clients, tiny requests; one router at a time)."""
-    names = [name for name in OVERHEAD_ROUTERS if name == "tokenyard" or name in POLICIES]
+    """Per router process (tokenyard, the peers and the PASSTHROUGH floor, all running at once): the added
+    latency of its hop (sequential small requests, interleaved direct / through each router so that all see the
+    same machine load) and the requests/s it sustains alone (closed loop, 64 clients, tiny requests; one router
+    at a time)."""
+    names = [name for name in OVERHEAD_ROUTERS if name == "tokenyard" or name in POLICIES] + [PASSTHROUGH]
     routers = {name: RouterProcess(name, engines) for name in names}
     try:
         for router in routers.values():
@@ -1078,7 +1094,10 @@ async def main() -> None:
                 ours = results["overhead"]["tokenyard"]
                 for name, o in results["overhead"].items():
                     ratio = ""
-                    if name != "tokenyard" and o["added_p99_ms"] > 0:
+                    if name == PASSTHROUGH:
+                        own = ours["added_p50_ms"] - o["added_p50_ms"]
+                        ratio = f"; tokenyard's own work (its hop less this floor): +{own:.3f} ms p50"
+                    elif name != "tokenyard" and o["added_p99_ms"] > 0:
                         ratio = (
                             f"; tokenyard's hop p99 is {ours['added_p99_ms'] / o['added_p99_ms']:.2f}x this"
                         )
