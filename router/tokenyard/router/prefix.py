@@ -41,9 +41,20 @@ class PromptBlocks:
     prompt_tokens: int  # the whole prompt, full blocks or not
 
 
-def _chain(parent: int, payload: bytes) -> int:
-    digest = hashlib.blake2b(parent.to_bytes(8, "little") + payload, digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+def chained_block_hashes(data: bytes, block_bytes: int) -> tuple[int, ...]:
+    """The chained hash of each full ``block_bytes`` block of ``data``: block i's is the 8-byte blake2b of block
+    i-1's digest (8 zero bytes for the first) and block i's bytes, read as a little-endian integer.
+
+    Why the plain loop with the digest carried as bytes: it runs on every request's prompt (~140 blocks for
+    bench-router's 1,500-word system prompts); turning each digest into an integer and back to chain it, as this
+    once did, cost 40% more per prompt for the same hashes (peers sharing them through Redis still agree)."""
+    blake2b, from_bytes = hashlib.blake2b, int.from_bytes
+    hashes: list[int] = []
+    parent = bytes(8)
+    for start in range(0, len(data) - block_bytes + 1, block_bytes):
+        parent = blake2b(parent + data[start : start + block_bytes], digest_size=8).digest()
+        hashes.append(from_bytes(parent, "little"))
+    return tuple(hashes)
 
 
 # A 4-byte unsigned array typecode: token ids are packed as 4 little-endian bytes each.
@@ -77,22 +88,15 @@ def hash_prompt(
     ``bytes_per_token`` (the learned ratio; ``chars_per_token`` when not given)."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    hashes: list[int] = []
-    parent = 0
     if tokenizer is not None:
         data = token_bytes(tokenizer(text))
-        block_bytes = block_size * 4
-        for start in range(0, len(data) - block_bytes + 1, block_bytes):
-            parent = _chain(parent, data[start : start + block_bytes])
-            hashes.append(parent)
-        return PromptBlocks(tuple(hashes), block_size, len(data) // 4)
+        return PromptBlocks(chained_block_hashes(data, block_size * 4), block_size, len(data) // 4)
     block_chars = block_size * chars_per_token
     data = text.encode("utf-8", "surrogatepass")
-    for start in range(0, len(data) - block_chars + 1, block_chars):
-        parent = _chain(parent, data[start : start + block_chars])
-        hashes.append(parent)
     ratio = float(bytes_per_token or chars_per_token)
-    return PromptBlocks(tuple(hashes), block_chars / ratio, math.ceil(len(data) / ratio))
+    return PromptBlocks(
+        chained_block_hashes(data, block_chars), block_chars / ratio, math.ceil(len(data) / ratio)
+    )
 
 
 def private_blocks(full_prompt_blocks: int, prompt_tokens: int, output_tokens: int, block_size: float) -> int:

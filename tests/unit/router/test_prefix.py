@@ -42,15 +42,45 @@ def test_tokenizer_mode_blocks_by_token_ids():
     assert blocks.tokens_per_block == 8
 
 
-def _reference_token_hashes(ids: list[int], block_size: int) -> list[int]:
-    """The chained hashes as first defined: each id packed with int.to_bytes (what peers on Redis expect)."""
+def _reference_chain(payloads: list[bytes]) -> list[int]:
+    """The chained hashes as first defined (what peers on Redis expect): each block's parent as an integer,
+    packed back to 8 little-endian bytes before the block's bytes."""
     hashes, parent = [], 0
-    for start in range(0, len(ids) - block_size + 1, block_size):
-        payload = b"".join(i.to_bytes(4, "little") for i in ids[start : start + block_size])
+    for payload in payloads:
         digest = hashlib.blake2b(parent.to_bytes(8, "little") + payload, digest_size=8).digest()
         parent = int.from_bytes(digest, "little")
         hashes.append(parent)
     return hashes
+
+
+def _reference_token_hashes(ids: list[int], block_size: int) -> list[int]:
+    """Token blocks as first defined: each id packed with int.to_bytes."""
+    return _reference_chain(
+        [
+            b"".join(i.to_bytes(4, "little") for i in ids[start : start + block_size])
+            for start in range(0, len(ids) - block_size + 1, block_size)
+        ]
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=400), st.integers(1, 9), st.integers(1, 5))
+def test_character_block_hashes_equal_the_first_definition(text, block_size, chars_per_token):
+    data = text.encode("utf-8", "surrogatepass")
+    width = block_size * chars_per_token
+    payloads = [data[start : start + width] for start in range(0, len(data) - width + 1, width)]
+    blocks = hash_prompt(text, block_size=block_size, chars_per_token=chars_per_token)
+    assert list(blocks.hashes) == _reference_chain(payloads)
+
+
+def test_block_hashes_are_pinned_across_versions():
+    """Routers of two versions share prefix hashes through Redis during a rolling upgrade: a change here is a
+    change of the prefix inserts they exchange (shared.py), never a refactoring."""
+    assert hash_prompt("tokenyard " * 13, 16).hashes == (9608706877102696835, 17081538581555264916)
+    assert hash_prompt("x", 16, lambda _text: list(range(40))).hashes == (
+        10251598853290956434,
+        14413796365232270483,
+    )
 
 
 @settings(max_examples=200, deadline=None)
