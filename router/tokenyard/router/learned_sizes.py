@@ -100,40 +100,72 @@ OUTPUT_HALF_LIFE_ANSWERS = 500.0  # a change of workload shows after a few hundr
 OUTPUT_BUCKET_EDGES: tuple[int, ...] = tuple(sorted({0} | {round(2 ** (i / 4)) for i in range(0, 81)}))
 
 
+# Capped answers' weight goes to longer answers only where those weigh at least one fresh answer: a few answers
+# long since decayed would otherwise take all of it, and one outlier would speak for every capped answer.
+MIN_LONGER_WEIGHT = 1.0
+
+
+def _empty_buckets() -> list[float]:
+    return [0.0] * len(OUTPUT_BUCKET_EDGES)
+
+
 @dataclass
 class OutputLength:
     """How long one model's finished answers are, decayed: their mean (``expected``) and, by length bucket,
-    what an answer still owes at a given age (``remaining``)."""
+    what an answer still owes at a given age (``remaining``).
+
+    An answer that stopped at its request's ``max_tokens`` (``reached_cap``) is only a lower bound: the model
+    would have written on. Clients of one model send different caps (a summariser 256, a chat client 4,096), and
+    counted as whole, the short caps' answers would make every answer look short. So each capped answer's weight
+    is handed on to the answers seen running longer than it, in proportion to theirs (Efron's redistribution to
+    the right, the Kaplan-Meier estimate of the lengths), and counts as written only where no longer answer was
+    seen: then its cap is the best estimate there is. Where every answer has one length, all of them capped (the
+    tuning workloads ask ``ignore_eos``), nothing is longer, and the estimate is what it was without the mark."""
 
     observations: int = 0
-    _weights: list[float] = field(default_factory=lambda: [0.0] * len(OUTPUT_BUCKET_EDGES))
-    _lengths: list[float] = field(default_factory=lambda: [0.0] * len(OUTPUT_BUCKET_EDGES))
-    # per bucket, the decayed count and token sum of the answers in it or a longer one (None: to recompute)
+    # Per length bucket, the decayed count and token sum of the answers that ended there by themselves ...
+    _weights: list[float] = field(default_factory=_empty_buckets)
+    _lengths: list[float] = field(default_factory=_empty_buckets)
+    # ... and of those cut there by their cap.
+    _capped_weights: list[float] = field(default_factory=_empty_buckets)
+    _capped_lengths: list[float] = field(default_factory=_empty_buckets)
+    # per bucket, the estimated count and token sum of the answers in it or a longer one (None: to recompute)
     _tails: tuple[list[float], list[float]] | None = None
 
-    def observe(self, output_tokens: int) -> None:
+    def observe(self, output_tokens: int, reached_cap: bool = False) -> None:
         if output_tokens < 0:
             return
         keep = 0.5 ** (1.0 / OUTPUT_HALF_LIFE_ANSWERS)
         self.observations += 1
-        weights, lengths = self._weights, self._lengths
-        for i in range(len(weights)):
-            weights[i] *= keep
-            lengths[i] *= keep
+        for buckets in (self._weights, self._lengths, self._capped_weights, self._capped_lengths):
+            for i in range(len(buckets)):
+                buckets[i] *= keep
         bucket = bisect.bisect_right(OUTPUT_BUCKET_EDGES, output_tokens) - 1
-        weights[bucket] += 1.0
-        lengths[bucket] += output_tokens
+        if reached_cap:
+            self._capped_weights[bucket] += 1.0
+            self._capped_lengths[bucket] += output_tokens
+        else:
+            self._weights[bucket] += 1.0
+            self._lengths[bucket] += output_tokens
         self._tails = None
 
     def _tail_sums(self) -> tuple[list[float], list[float]]:
         if self._tails is None:
-            self._tails = (_suffix_sums(self._weights), _suffix_sums(self._lengths))
+            weights, lengths = _redistribute_capped(
+                self._weights, self._lengths, self._capped_weights, self._capped_lengths
+            )
+            self._tails = (_suffix_sums(weights), _suffix_sums(lengths))
         return self._tails
 
     @property
     def answers(self) -> float:
         """The answers seen, decayed."""
         return self._tail_sums()[0][0]
+
+    @property
+    def capped_answers(self) -> float:
+        """The answers seen cut at their cap, decayed (their weight before it is handed on)."""
+        return sum(self._capped_weights)
 
     @property
     def total_tokens(self) -> float:
@@ -161,6 +193,31 @@ class OutputLength:
             return 0  # it outlived every answer seen
         longer_mean = tail_lengths[bucket] / tail_weights[bucket]
         return min(left_by_cap, max(0, round(longer_mean) - generated))
+
+
+def _redistribute_capped(
+    weights: list[float], lengths: list[float], capped_weights: list[float], capped_lengths: list[float]
+) -> tuple[list[float], list[float]]:
+    """Per bucket, the answers' estimated weight and token sum once every capped answer's weight has gone to the
+    answers in longer buckets (capped or not), in proportion to theirs; a capped answer with none longer keeps
+    its weight at its own length. Walking from the shortest bucket, every answer beyond the current one has
+    been scaled by the same factor so far, so one running factor carries it (the bucket's own answers, capped
+    or not, share their bucket: a bias of at most its width)."""
+    beyond = _suffix_sums([w + c for w, c in zip(weights, capped_weights, strict=True)])
+    scale = 1.0
+    estimated_weights, estimated_lengths = [0.0] * len(weights), [0.0] * len(weights)
+    for i, capped in enumerate(capped_weights):
+        estimated_weights[i] = weights[i] * scale
+        estimated_lengths[i] = lengths[i] * scale
+        if capped <= 0.0:
+            continue
+        longer = beyond[i + 1] if i + 1 < len(beyond) else 0.0
+        if longer >= MIN_LONGER_WEIGHT:
+            scale *= 1.0 + capped / longer
+        else:
+            estimated_weights[i] += capped * scale
+            estimated_lengths[i] += capped_lengths[i] * scale
+    return estimated_weights, estimated_lengths
 
 
 def _suffix_sums(values: list[float]) -> list[float]:

@@ -38,6 +38,9 @@ class InferenceRequest:
     body: bytes
     prompt: str
     expected_output_tokens: int
+    # The client's own cap on the answer (max_completion_tokens or max_tokens); None when it named none. An answer
+    # that reaches it was cut short: its length is a lower bound (learned_sizes.OutputLength).
+    output_cap: int | None = None
     stream: bool = False
     messages: tuple[Mapping[str, Any], ...] | None = None  # chat requests only
     greedy: bool = False  # temperature 0: a shadow copy's output is compared with the primary's
@@ -128,6 +131,7 @@ def request_from_body(
         body=raw,
         prompt=prompt,
         expected_output_tokens=max_tokens_of(body, default_max_tokens),
+        output_cap=max_tokens_of(body, 0) or None,
         stream=body.get("stream") is True,
         messages=tuple(messages) if isinstance(messages, list) else None,
         greedy=is_greedy(body),

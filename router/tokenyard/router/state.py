@@ -259,9 +259,10 @@ class RouterState:
     def output_length_for(self, model: str) -> OutputLength:
         return self.output_lengths.setdefault(model, OutputLength())
 
-    def learn_output_tokens(self, model: str, output_tokens: int) -> None:
-        """A request of ``model`` ended well after ``output_tokens`` output tokens."""
-        self.output_length_for(model).observe(output_tokens)
+    def learn_output_tokens(self, model: str, output_tokens: int, reached_cap: bool = False) -> None:
+        """A request of ``model`` ended well after ``output_tokens`` output tokens (``reached_cap``: it stopped
+        at the cap its client set, so the model would have written on)."""
+        self.output_length_for(model).observe(output_tokens, reached_cap)
 
     def learn_prompt_tokens(self, model: str, prompt_bytes: int, prompt_tokens: int) -> None:
         """An engine counted ``prompt_tokens`` for a prompt of ``prompt_bytes`` bytes (its answer's usage)."""

@@ -720,6 +720,27 @@ async def test_a_finished_answer_teaches_its_output_length_a_broken_one_does_not
     assert r.state.output_length_for(MODEL).observations == 1
 
 
+async def test_an_answer_that_reaches_its_clients_cap_is_learned_as_cut_short(engines, router):
+    (engine,) = await engines(FakeEngine())
+    r = router([Endpoint("e0", engine.url)])
+    uncapped = json.dumps({"model": MODEL, "prompt": PROMPT, "stream": True}).encode()
+    requests = (
+        completion(max_tokens=3),  # cut at its cap
+        completion(max_tokens=8),  # ended by itself under it
+        parse_request(
+            COMPLETIONS_PATH, uncapped, default_max_tokens=3
+        ),  # no cap named: the router's guess is none
+    )
+    for request in requests:
+        async with r.forwarder.exchange(request) as exchange:
+            engine.send(event("a"), event("b"), event("c"), END)
+            async for _ in exchange.stream():
+                pass
+    lengths = r.state.output_length_for(MODEL)
+    assert lengths.observations == 3
+    assert lengths.capped_answers == pytest.approx(1.0, rel=0.01)  # the first only (decayed by two answers)
+
+
 @pytest.mark.parametrize("usage", [None, {"prompt_tokens": 21, "completion_tokens": 5, "total_tokens": 26}])
 async def test_a_whole_answer_teaches_its_length_only_through_its_usage(engines, router, usage):
     answer = {"choices": [{"index": 0, "text": "a whole answer", "finish_reason": "stop"}]}

@@ -1,5 +1,6 @@
 """The bytes-per-token ratio the router learns from engines' usage, and what it changes in a decision."""
 
+import pytest
 from tokenyard.router.discovery import Endpoint, ModelView
 from tokenyard.router.enginestats import EngineStats
 from tokenyard.router.learned_sizes import MIN_ANSWERS, PRIOR_TOKENS, BytesPerToken, OutputLength
@@ -112,3 +113,58 @@ def test_where_every_answer_has_one_length_the_charge_counts_down_from_it():
     assert [lengths.remaining(age, 2048) for age in (0, 10)] == [2048, 2038]  # too few answers: the cap's
     lengths.observe(24)
     assert [lengths.remaining(age, 2048) for age in range(30)] == [max(0, 24 - age) for age in range(30)]
+
+
+def mixed_caps(lengths: OutputLength, mark_capped: bool) -> float:
+    """Answers whose own length is 1..1,000 tokens (mean 500.5), half asked with a cap of 200 (cut there when
+    longer) and half with a cap of 4,096; returns their true mean."""
+    true = []
+    for i in range(2000):
+        length = 1 + (i * 7919) % 1000
+        true.append(length)
+        cap = 200 if i % 2 else 4096
+        lengths.observe(min(length, cap), reached_cap=mark_capped and length >= cap)
+    return sum(true) / len(true)
+
+
+def test_answers_cut_at_their_cap_count_as_longer_not_as_short():
+    marked, unmarked = OutputLength(), OutputLength()
+    true_mean = mixed_caps(marked, mark_capped=True)
+    mixed_caps(unmarked, mark_capped=False)
+    # counted as written, the answers cut at 200 pull the mean a request with a cap of 4,096 is charged to ~330
+    assert unmarked.expected(4096) < 0.7 * true_mean
+    # handed on to the longer answers seen, the estimate is the answers' own (within the decay's recency bias)
+    assert abs(marked.expected(4096) - true_mean) < 0.05 * true_mean
+    assert marked.remaining(0, 4096) == marked.expected(4096)
+    # an answer 511 tokens in is charged by the answers that ran longer (512-1,000: mean 756), ~245 more; the
+    # capped ones ran 200 at most here, so both estimates agree
+    assert abs(marked.remaining(511, 4096) - 245) <= 15
+    assert abs(unmarked.remaining(511, 4096) - 245) <= 15
+    assert (
+        marked.remaining(0, 200) == unmarked.remaining(0, 200) == 200
+    )  # a request's own cap still bounds it
+    assert marked.answers == pytest.approx(unmarked.answers)  # the weights move; none is lost
+
+
+def test_capped_answers_with_none_longer_count_at_their_cap():
+    """The tuning workloads (ignore_eos, one max_tokens): every answer is cut at the cap, none is longer, so the
+    charge is the count-down from it, as before the mark."""
+    capped, plain = OutputLength(), OutputLength()
+    for _ in range(MIN_ANSWERS + 5):
+        capped.observe(24, reached_cap=True)
+        plain.observe(24)
+    assert [capped.remaining(age, 2048) for age in range(30)] == [
+        plain.remaining(age, 2048) for age in range(30)
+    ]
+    assert capped.expected(2048) == plain.expected(2048) == 24
+
+
+def test_a_longer_answer_long_since_decayed_does_not_speak_for_the_capped_ones():
+    lengths = OutputLength()
+    lengths.observe(3000)  # one long answer, then thousands of answers cut at 100
+    for _ in range(3000):
+        lengths.observe(100, reached_cap=True)
+    assert lengths.expected(4096) == 100  # its weight (~0.016 now) is below one fresh answer's
+    for _ in range(2):
+        lengths.observe(3000)  # fresh long answers: the capped ones are now taken to run as long
+    assert lengths.expected(4096) > 2900

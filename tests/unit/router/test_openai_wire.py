@@ -229,3 +229,14 @@ def test_only_an_error_that_names_the_member_is_a_refusal_of_it():
     assert refuses_stream_usage(400, old_vllm) and refuses_stream_usage(422, old_vllm)
     assert not refuses_stream_usage(400, b'{"message": "max_tokens must be at least 1, got -1."}')
     assert not refuses_stream_usage(500, old_vllm)  # a server error is the replica's, not the member's
+
+
+def test_the_clients_own_cap_is_kept_apart_from_the_routers_guess():
+    def parsed(**fields):
+        body = {"model": "m", "prompt": "p", **fields}
+        return parse_request("/v1/completions", json.dumps(body).encode(), default_max_tokens=256)
+
+    assert (parsed(max_tokens=40).output_cap, parsed(max_tokens=40).expected_output_tokens) == (40, 40)
+    assert parsed(max_completion_tokens=50, max_tokens=40).output_cap == 50
+    assert (parsed().output_cap, parsed().expected_output_tokens) == (None, 256)
+    assert parsed(max_tokens=0).output_cap is None  # no cap (vLLM refuses it: at least 1)
