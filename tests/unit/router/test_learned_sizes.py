@@ -131,7 +131,7 @@ def test_answers_cut_at_their_cap_count_as_longer_not_as_short():
     marked, unmarked = OutputLength(), OutputLength()
     true_mean = mixed_caps(marked, mark_capped=True)
     mixed_caps(unmarked, mark_capped=False)
-    # counted as written, the answers cut at 200 pull the mean a request with a cap of 4,096 is charged to ~330
+    # counted as written, the answers cut at 200 pull the mean a request with a cap of 4,096 is charged to 340
     assert unmarked.expected(4096) < 0.7 * true_mean
     # handed on to the longer answers seen, the estimate is the answers' own (within the decay's recency bias)
     assert abs(marked.expected(4096) - true_mean) < 0.05 * true_mean
