@@ -7,12 +7,15 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from .conftest import MODEL, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 from passthrough_proxy import make_app  # noqa: E402
+
+pytestmark = pytest.mark.integration
 
 
 async def test_relays_whole_and_streamed_answers_in_turn(engines):
