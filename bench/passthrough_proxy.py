@@ -10,10 +10,12 @@ cost of tokenyard's own work (parse, decide, account) per request. A labelled fl
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 
 import aiohttp
 from aiohttp import web
+from tokenyard.router.__main__ import loop_factory
 
 # What the proxy passes on of the client's headers: the body's type only (hop-by-hop headers stay behind).
 FORWARDED_HEADERS = ("Content-Type",)
@@ -63,15 +65,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("engines", nargs="+", help="engine base URLs, served in turn")
     args = parser.parse_args()
-    import uvloop  # the router's default event loop where installed (tokenyard.router.__main__)
-
+    # the event loop the router picks at its default (--event-loop auto: uvloop where installed)
+    new_loop = loop_factory("auto") or asyncio.new_event_loop
     web.run_app(
-        make_app(args.engines),
-        host=args.host,
-        port=args.port,
-        loop=uvloop.new_event_loop(),
-        print=None,
-        access_log=None,
+        make_app(args.engines), host=args.host, port=args.port, loop=new_loop(), print=None, access_log=None
     )
 
 

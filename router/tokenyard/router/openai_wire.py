@@ -92,12 +92,14 @@ def prompt_of(body: Mapping[str, Any]) -> str:
     raise InvalidRequest("'prompt' must be a string, a list of strings or a list of token ids")
 
 
-def max_tokens_of(body: Mapping[str, Any], default: int) -> int:
+def max_tokens_of(body: Mapping[str, Any]) -> int | None:
+    """The client's own cap on the answer (chat's max_completion_tokens first, then max_tokens); None when it
+    named no positive one."""
     for key in ("max_completion_tokens", "max_tokens"):
         value = body.get(key)
         if isinstance(value, int) and value > 0:
             return value
-    return default
+    return None
 
 
 def is_greedy(body: Mapping[str, Any]) -> bool:
@@ -125,13 +127,14 @@ def request_from_body(
         raise InvalidRequest("'model' is required and must be a string")
     prompt = prompt_of(body)
     messages = body.get("messages")
+    cap = max_tokens_of(body)
     return InferenceRequest(
         model=model,
         path=path,
         body=raw,
         prompt=prompt,
-        expected_output_tokens=max_tokens_of(body, default_max_tokens),
-        output_cap=max_tokens_of(body, 0) or None,
+        expected_output_tokens=cap or default_max_tokens,
+        output_cap=cap,
         stream=body.get("stream") is True,
         messages=tuple(messages) if isinstance(messages, list) else None,
         greedy=is_greedy(body),
