@@ -95,6 +95,8 @@ class BytesPerToken:
 
 MIN_ANSWERS = 20
 OUTPUT_HALF_LIFE_ANSWERS = 500.0  # a change of workload shows after a few hundred answers
+OUTPUT_DECAY = 0.5 ** (1.0 / OUTPUT_HALF_LIFE_ANSWERS)  # an answer's weight, relative to the next one's
+RESCALE_AT = 1e100  # ~166,000 answers of growth; floats hold 1e308
 # Answer-length buckets: [edge, next edge), four per doubling up to 2^20 tokens (each at most ~19% wide, so an
 # answer's age and the lengths in its own bucket differ by little), then one open bucket.
 OUTPUT_BUCKET_EDGES: tuple[int, ...] = tuple(sorted({0} | {round(2 ** (i / 4)) for i in range(0, 81)}))
@@ -129,32 +131,40 @@ class OutputLength:
     # ... and of those cut there by their cap.
     _capped_weights: list[float] = field(default_factory=_empty_buckets)
     _capped_lengths: list[float] = field(default_factory=_empty_buckets)
-    # per bucket, the estimated count and token sum of the answers in it or a longer one (None: to recompute)
+    # Decay without touching every bucket: the buckets hold each answer at the weight a new one had when it came,
+    # and that weight grows by 1 / OUTPUT_DECAY per answer, so an older answer weighs OUTPUT_DECAY^age of a new
+    # one, as if every bucket were decayed on each answer. A bucket's decayed value is its stored one / _unit.
+    _unit: float = 1.0
+    # per bucket, the estimated count and token sum of the answers in it or a longer one, in fresh answers
+    # (None: to recompute)
     _tails: tuple[list[float], list[float]] | None = None
 
     def observe(self, output_tokens: int, reached_cap: bool = False) -> None:
         if output_tokens < 0:
             return
-        keep = 0.5 ** (1.0 / OUTPUT_HALF_LIFE_ANSWERS)
         self.observations += 1
-        for buckets in (self._weights, self._lengths, self._capped_weights, self._capped_lengths):
-            for i in range(len(buckets)):
-                buckets[i] *= keep
+        self._unit /= OUTPUT_DECAY
+        if self._unit > RESCALE_AT:  # fold the growth into the buckets before it overflows
+            for buckets in (self._weights, self._lengths, self._capped_weights, self._capped_lengths):
+                for i in range(len(buckets)):
+                    buckets[i] /= self._unit
+            self._unit = 1.0
         bucket = bisect.bisect_right(OUTPUT_BUCKET_EDGES, output_tokens) - 1
         if reached_cap:
-            self._capped_weights[bucket] += 1.0
-            self._capped_lengths[bucket] += output_tokens
+            self._capped_weights[bucket] += self._unit
+            self._capped_lengths[bucket] += self._unit * output_tokens
         else:
-            self._weights[bucket] += 1.0
-            self._lengths[bucket] += output_tokens
+            self._weights[bucket] += self._unit
+            self._lengths[bucket] += self._unit * output_tokens
         self._tails = None
 
     def _tail_sums(self) -> tuple[list[float], list[float]]:
         if self._tails is None:
             weights, lengths = _redistribute_capped(
-                self._weights, self._lengths, self._capped_weights, self._capped_lengths
+                self._weights, self._lengths, self._capped_weights, self._capped_lengths, self._unit
             )
-            self._tails = (_suffix_sums(weights), _suffix_sums(lengths))
+            per_unit = 1.0 / self._unit
+            self._tails = (_suffix_sums(weights, per_unit), _suffix_sums(lengths, per_unit))
         return self._tails
 
     @property
@@ -165,7 +175,7 @@ class OutputLength:
     @property
     def capped_answers(self) -> float:
         """The answers seen cut at their cap, decayed (their weight before it is handed on)."""
-        return sum(self._capped_weights)
+        return sum(self._capped_weights) / self._unit
 
     @property
     def total_tokens(self) -> float:
@@ -196,13 +206,18 @@ class OutputLength:
 
 
 def _redistribute_capped(
-    weights: list[float], lengths: list[float], capped_weights: list[float], capped_lengths: list[float]
+    weights: list[float],
+    lengths: list[float],
+    capped_weights: list[float],
+    capped_lengths: list[float],
+    unit: float = 1.0,
 ) -> tuple[list[float], list[float]]:
     """Per bucket, the answers' estimated weight and token sum once every capped answer's weight has gone to the
     answers in longer buckets (capped or not), in proportion to theirs; a capped answer with none longer keeps
     its weight at its own length. Walking from the shortest bucket, every answer beyond the current one has
     been scaled by the same factor so far, so one running factor carries it (the bucket's own answers, capped
-    or not, share their bucket: a bias of at most its width)."""
+    or not, share their bucket: a bias of at most its width). ``unit``: the weight of one fresh answer in the
+    buckets given (the result is in the same units)."""
     beyond = _suffix_sums([w + c for w, c in zip(weights, capped_weights, strict=True)])
     scale = 1.0
     estimated_weights, estimated_lengths = [0.0] * len(weights), [0.0] * len(weights)
@@ -212,7 +227,7 @@ def _redistribute_capped(
         if capped <= 0.0:
             continue
         longer = beyond[i + 1] if i + 1 < len(beyond) else 0.0
-        if longer >= MIN_LONGER_WEIGHT:
+        if longer >= MIN_LONGER_WEIGHT * unit:
             scale *= 1.0 + capped / longer
         else:
             estimated_weights[i] += capped * scale
@@ -220,12 +235,13 @@ def _redistribute_capped(
     return estimated_weights, estimated_lengths
 
 
-def _suffix_sums(values: list[float]) -> list[float]:
+def _suffix_sums(values: list[float], factor: float = 1.0) -> list[float]:
+    """sums[i] = factor x (values[i] + values[i + 1] + ...)."""
     sums = [0.0] * len(values)
     running = 0.0
     for i in range(len(values) - 1, -1, -1):
         running += values[i]
-        sums[i] = running
+        sums[i] = running * factor
     return sums
 
 

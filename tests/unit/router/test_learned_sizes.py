@@ -1,6 +1,7 @@
 """The bytes-per-token ratio the router learns from engines' usage, and what it changes in a decision."""
 
 import pytest
+from tokenyard.router import learned_sizes
 from tokenyard.router.discovery import Endpoint, ModelView
 from tokenyard.router.enginestats import EngineStats
 from tokenyard.router.learned_sizes import MIN_ANSWERS, PRIOR_TOKENS, BytesPerToken, OutputLength
@@ -168,3 +169,29 @@ def test_a_longer_answer_long_since_decayed_does_not_speak_for_the_capped_ones()
     for _ in range(2):
         lengths.observe(3000)  # fresh long answers: the capped ones are now taken to run as long
     assert lengths.expected(4096) > 2900
+
+
+def test_answers_decay_by_their_age_across_a_fold_of_the_growing_unit(monkeypatch):
+    """Old answers weigh OUTPUT_DECAY^age of a new one, and every estimate is the same whether or not the
+    growing unit was folded into the buckets on the way."""
+    observed = [(10 + (i * 37) % 500, i % 7 == 0) for i in range(400)]
+
+    def learn() -> OutputLength:
+        lengths = OutputLength()
+        for tokens, capped in observed:
+            lengths.observe(tokens, reached_cap=capped)
+        return lengths
+
+    unfolded = learn()
+    monkeypatch.setattr(learned_sizes, "RESCALE_AT", 1.05)  # fold every ~35 answers
+    folded = learn()
+    weights = [learned_sizes.OUTPUT_DECAY**age for age in range(len(observed) - 1, -1, -1)]
+    for lengths in (unfolded, folded):
+        assert lengths.answers == pytest.approx(sum(weights))
+        assert lengths.capped_answers == pytest.approx(
+            sum(w for w, (_, c) in zip(weights, observed, strict=True) if c)
+        )
+    assert folded.total_tokens == pytest.approx(unfolded.total_tokens)
+    assert [folded.remaining(age, 2048) for age in range(0, 520, 13)] == [
+        unfolded.remaining(age, 2048) for age in range(0, 520, 13)
+    ]
