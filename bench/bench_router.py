@@ -31,7 +31,9 @@ defaults, and SGLANG_TUNED, are chosen on the four tuning workloads only; the he
   whose every turn extends the previous one);
 - held out: zipf_tenants (256 tenants, prompts of 1,500-4,000 tokens, ~3x the fleet's KV cache), tenant_surge (a
   cold tenant jumps to 60% of the traffic halfway), long_documents (24 documents of 5,000-9,000 tokens, short
-  questions), unknown_output (no ignore_eos: heavy-tailed reply lengths under a loose max_tokens cap).
+  questions), unknown_output (no ignore_eos: heavy-tailed reply lengths under a loose max_tokens cap),
+  mixed_lengths (chat as public traces show it: unique prompts of log-normal length, replies ending by
+  themselves).
 
 Each workload runs in ROUNDS rounds; in each round every policy gets a fresh router, empty engine caches and the
 same arrivals, in an order rotated round by round (the machine is shared: a burst of load from another process

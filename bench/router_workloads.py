@@ -3,7 +3,7 @@
 Two kinds, kept apart on purpose (issue 14):
 - TUNING workloads (shared_prefix_70, shared_prefix_95, no_sharing, multi_turn): the router's defaults
   (core.DEFAULT_WEIGHTS, the hot-spot guard, the peers' tuned settings) are chosen on these only;
-- HELD-OUT families (zipf_tenants, tenant_surge, long_documents, unknown_output): never used to choose a
+- HELD-OUT families (zipf_tenants, tenant_surge, long_documents, unknown_output, mixed_lengths): never used to choose a
   default; the defaults are reported on them unchanged. A change of default justified by a held-out figure
   breaks the rule: the held-out figures would then be tuning figures too.
 
@@ -15,6 +15,7 @@ misjudges prompt lengths and cache capacity, as it would on a real tokenizer it 
 from __future__ import annotations
 
 import functools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -155,6 +156,24 @@ def unknown_output_body(rng: random.Random, progress: float) -> dict:
     return body
 
 
+# mixed_lengths: chat traffic as public traces show it (ShareGPT, LMSYS-Chat): nothing shared, every prompt
+# unique, its length log-normal (median 300 tokens, sigma 1.0: p10 ~80, p90 ~1,080, p99 ~3,100; clipped to 20 to
+# 6,000), and the reply ending by itself under a loose cap, as in unknown_output. Added on 2026-12-07, after the
+# defaults were last chosen: where load must be judged by each prompt's own size, not counted in requests.
+MIXED_PROMPT_MEDIAN, MIXED_PROMPT_SIGMA = 300, 1.0
+MIXED_PROMPT_RANGE = (20, 6000)
+
+
+def mixed_lengths_body(rng: random.Random, progress: float) -> dict:
+    length = round(MIXED_PROMPT_MEDIAN * math.exp(rng.gauss(0.0, MIXED_PROMPT_SIGMA)))
+    length = min(MIXED_PROMPT_RANGE[1], max(MIXED_PROMPT_RANGE[0], length))
+    return {
+        "prompt": f"Conversation {rng.random():.12f}. " + words(rng, length),
+        "max_tokens": OUTPUT_CAP,
+        "ignore_eos": False,
+    }
+
+
 # --- the registry ----------------------------------------------------------------------------------------------
 
 BodyMaker = Callable[[random.Random, float], dict]  # (rng, progress through the run in [0, 1)) -> body
@@ -193,6 +212,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("tenant_surge", 0.70, False, tenant_surge_body),
         Workload("long_documents", 0.70, False, long_documents_body, own_calibration=True),
         Workload("unknown_output", 0.70, False, unknown_output_body, own_calibration=True),
+        Workload("mixed_lengths", 0.70, False, mixed_lengths_body, own_calibration=True),
     )
 }
 
