@@ -22,7 +22,8 @@ Policies:
 
 BENCH_ENGINE=llm-d (`make bench-router-llm-d`): the same comparison on llm-d-inference-sim v0.9.2 engines instead
 (LlmdFleet), whose tokenizer, KV cache and prefill model are not this project's; results go to
-bench/results/router-llm-d.json.
+bench/results/router-llm-d.json. BENCH_SIM_GPUS=h100-sxm,a100-80gb: a tokenyard.sim fleet of mixed GPUs, engine i
+on the i-th kind in turn, as a cluster in the middle of an upgrade (results in bench/results/router-mixed-fleet.json).
 
 Workloads (bench/router_workloads.py; rates relative to a capacity measured on one engine x ENGINES). The router's
 defaults, and SGLANG_TUNED, are chosen on the four tuning workloads only; the held-out families report them:
@@ -186,15 +187,24 @@ def free_port() -> int:
 # --- the engine host (a child process) -------------------------------------------------------------------
 
 
-SIM_MODEL, SIM_GPU = "llama-3.1-8b", "h100-sxm"
+SIM_MODEL = "llama-3.1-8b"
+# The GPUs of the tokenyard.sim fleet, engine i on SIM_GPUS[i % len(SIM_GPUS)]. One kind by default; several
+# (BENCH_SIM_GPUS=h100-sxm,a100-80gb) make a mixed fleet, as a cluster has in the middle of an upgrade, where a
+# replica's speed is not the fleet's: capacity is then measured on one engine of each kind.
+SIM_GPUS = tuple(os.environ.get("BENCH_SIM_GPUS", "h100-sxm").split(","))
+SIM_GPU = SIM_GPUS[0]
 
 
-def engine_options(time_scale: float, blocks: int):
+def engine_gpu(index: int) -> str:
+    return SIM_GPUS[index % len(SIM_GPUS)]
+
+
+def engine_options(time_scale: float, blocks: int, gpu: str = SIM_GPU):
     from tokenyard.sim.server import EngineOptions
 
     return EngineOptions(
         model=SIM_MODEL,
-        gpu=SIM_GPU,
+        gpu=gpu,
         port=0,
         time_scale=time_scale,
         served_model_name=MODEL,
@@ -208,7 +218,7 @@ def engine_options(time_scale: float, blocks: int):
 async def host_engines(count: int, time_scale: float, blocks: int, port_file: str) -> None:
     from tokenyard.sim.server import SimEngine
 
-    engines = [SimEngine(engine_options(time_scale, blocks)) for _ in range(count)]
+    engines = [SimEngine(engine_options(time_scale, blocks, engine_gpu(i))) for i in range(count)]
     for engine in engines:
         await engine.start()
     with open(port_file + ".tmp", "w") as handle:
@@ -492,7 +502,7 @@ class SimFleet:
 
     def describe(self, capacity: float) -> str:
         return (
-            f"fleet: {ENGINES} x tokenyard.sim {SIM_MODEL} on {SIM_GPU}, time scale {TIME_SCALE}, {KV_BLOCKS} KV "
+            f"fleet: {ENGINES} x tokenyard.sim {SIM_MODEL} on {'/'.join(SIM_GPUS)}, time scale {TIME_SCALE}, {KV_BLOCKS} KV "
             f"blocks each; shared-prefix capacity ~{capacity:.1f} req/s"
         )
 
@@ -858,12 +868,25 @@ def decode_bound_tok_s(clients: int) -> float:
 
 
 async def calibrate(session, engines: list[str], workload: Workload) -> float:
-    """Requests/s one engine sustains on ``workload``'s requests (closed loop), times the fleet size."""
-    dispatcher = Dispatcher("direct", engines[:1], None)
+    """Requests/s the fleet sustains on ``workload``'s requests (closed loop): what one engine sustains, times
+    the fleet size; on a mixed fleet (SIM_GPUS), one engine of each kind, times the engines of its kind."""
+    if ENGINE_KIND != "tokenyard-sim" or len(SIM_GPUS) == 1:
+        return await calibrate_one(session, engines[0], workload) * len(engines)
+    total = 0.0
+    for kind in dict.fromkeys(SIM_GPUS):
+        indices = [i for i in range(len(engines)) if engine_gpu(i) == kind]
+        total += await calibrate_one(session, engines[indices[0]], workload) * len(indices)
+    return total
+
+
+async def calibrate_one(session, engine: str, workload: Workload) -> float:
+    """Requests/s one engine sustains on ``workload``'s requests (closed loop)."""
+    engines = [engine]
+    dispatcher = Dispatcher("direct", engines, None)
     requests = open_requests(workload, 100, 20, seed=99)  # ~2000 prompts, reused in a cycle
     concurrency, stop_at, done = CALIBRATION_CLIENTS, time.monotonic() + (6 if QUICK else 10), 0
     feed = itertools.cycle(requests)
-    await flush_caches(session, engines[:1])
+    await flush_caches(session, engines)
 
     async def worker() -> None:
         nonlocal done
@@ -874,7 +897,7 @@ async def calibrate(session, engines: list[str], workload: Workload) -> float:
 
     started = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done / (time.monotonic() - started) * len(engines)
+    return done / (time.monotonic() - started)
 
 
 async def run_slice(
@@ -1061,8 +1084,13 @@ async def main() -> None:
                 clients = closed_clients(spec.level)
                 runs = await run_workload(session, engines, spec, rate, clients)
                 workload = name
-                # the decode bound comes from tokenyard.sim's step model: there is none for another engine
-                shared = workload.startswith("shared_prefix") and ENGINE_KIND == "tokenyard-sim"
+                # the decode bound comes from tokenyard.sim's step model of one GPU: none for another engine, nor
+                # for a mixed fleet
+                shared = (
+                    workload.startswith("shared_prefix")
+                    and ENGINE_KIND == "tokenyard-sim"
+                    and len(SIM_GPUS) == 1
+                )
                 bound = decode_bound_tok_s(clients) if shared else None
                 results[workload] = {}
                 for policy in POLICIES:
@@ -1120,8 +1148,11 @@ async def main() -> None:
         "results": results,
     }
     print(json.dumps(final))
-    # a run on other engines must not overwrite the figures of the default fleet
-    write_results("router" if ENGINE_KIND == "tokenyard-sim" else "router-llm-d", final)
+    # a run on other engines, or on a mixed fleet, must not overwrite the figures of the default fleet
+    if ENGINE_KIND != "tokenyard-sim":
+        write_results("router-llm-d", final)
+    else:
+        write_results("router" if len(SIM_GPUS) == 1 else "router-mixed-fleet", final)
 
 
 if __name__ == "__main__":
