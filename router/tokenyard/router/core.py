@@ -54,7 +54,8 @@ DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated", "freeSlo
 # Scorer weights when a ModelDeployment gives none (spec.routing.weights uses the same keys).
 # THE RULE for every default here and in HotSpotGuard / SaturationLimits: it is chosen on bench-router's four
 # tuning workloads only (shared_prefix_70, shared_prefix_95, no_sharing, multi_turn), then reported unchanged on
-# the held-out families (zipf_tenants, tenant_surge, long_documents, unknown_output, mixed_lengths; bench/router_workloads.py).
+# the held-out families (zipf_tenants, tenant_surge, long_documents, unknown_output, mixed_lengths;
+# bench/router_workloads.py).
 # A default moved because a held-out family did better would make that family a tuning one: fix the mechanism
 # instead (as learned_sizes did), and keep the comparison honest.
 # kvCache and queue read the engines' /metrics, which lag by up to a scrape interval; a router that sees all
