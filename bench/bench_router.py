@@ -502,8 +502,8 @@ class SimFleet:
 
     def describe(self, capacity: float) -> str:
         return (
-            f"fleet: {ENGINES} x tokenyard.sim {SIM_MODEL} on {'/'.join(SIM_GPUS)}, time scale {TIME_SCALE}, {KV_BLOCKS} KV "
-            f"blocks each; shared-prefix capacity ~{capacity:.1f} req/s"
+            f"fleet: {ENGINES} x tokenyard.sim {SIM_MODEL} on {'/'.join(SIM_GPUS)}, time scale {TIME_SCALE}, "
+            f"{KV_BLOCKS} KV blocks each; shared-prefix capacity ~{capacity:.1f} req/s"
         )
 
     async def start(self) -> list[str]:

@@ -3,8 +3,8 @@
 Two kinds, kept apart on purpose (issue 14):
 - TUNING workloads (shared_prefix_70, shared_prefix_95, no_sharing, multi_turn): the router's defaults
   (core.DEFAULT_WEIGHTS, the hot-spot guard, the peers' tuned settings) are chosen on these only;
-- HELD-OUT families (zipf_tenants, tenant_surge, long_documents, unknown_output, mixed_lengths): never used to choose a
-  default; the defaults are reported on them unchanged. A change of default justified by a held-out figure
+- HELD-OUT families (zipf_tenants, tenant_surge, long_documents, unknown_output, mixed_lengths): never used to
+  choose a default; the defaults are reported on them unchanged. A change of default justified by a held-out figure
   breaks the rule: the held-out figures would then be tuning figures too.
 
 Every prompt is made of words from a small vocabulary; the simulated engines' tokenizer gives one token per
@@ -157,8 +157,8 @@ def unknown_output_body(rng: random.Random, progress: float) -> dict:
 
 
 # mixed_lengths: chat traffic as public traces show it (ShareGPT, LMSYS-Chat): nothing shared, every prompt
-# unique, its length log-normal (median 300 tokens, sigma 1.0: p10 ~80, p90 ~1,080, p99 ~3,100; clipped to 20 to
-# 6,000), and the reply ending by itself under a loose cap, as in unknown_output. Added on 2026-12-07, after the
+# unique, its length log-normal (median 300 words, sigma 1.0: p10 ~80, p90 ~1,080, p99 ~3,100; clipped to 20 to
+# 6,000; a word is a token on tokenyard.sim), and the reply ending by itself under a loose cap, as in unknown_output. Added on 2026-12-07, after the
 # defaults were last chosen: where load must be judged by each prompt's own size, not counted in requests.
 MIXED_PROMPT_MEDIAN, MIXED_PROMPT_SIGMA = 300, 1.0
 MIXED_PROMPT_RANGE = (20, 6000)
