@@ -193,6 +193,15 @@ SIM_MODEL = "llama-3.1-8b"
 # replica's speed is not the fleet's: capacity is then measured on one engine of each kind.
 SIM_GPUS = tuple(os.environ.get("BENCH_SIM_GPUS", "h100-sxm").split(","))
 SIM_GPU = SIM_GPUS[0]
+MIXED_FLEET = len(set(SIM_GPUS)) > 1
+if "BENCH_SIM_GPUS" in os.environ:
+    from tokenyard.sim.model import GPUS
+
+    if ENGINE_KIND != "tokenyard-sim":
+        raise SystemExit(f"BENCH_SIM_GPUS: chooses tokenyard.sim's GPUs; BENCH_ENGINE={ENGINE_KIND} has none")
+    for _gpu in SIM_GPUS:
+        if _gpu not in GPUS:
+            raise SystemExit(f"BENCH_SIM_GPUS: unknown GPU {_gpu!r}; known: {', '.join(GPUS)}")
 
 
 def engine_gpu(index: int) -> str:
@@ -870,12 +879,14 @@ def decode_bound_tok_s(clients: int) -> float:
 async def calibrate(session, engines: list[str], workload: Workload) -> float:
     """Requests/s the fleet sustains on ``workload``'s requests (closed loop): what one engine sustains, times
     the fleet size; on a mixed fleet (SIM_GPUS), one engine of each kind, times the engines of its kind."""
-    if ENGINE_KIND != "tokenyard-sim" or len(SIM_GPUS) == 1:
+    if not MIXED_FLEET:
         return await calibrate_one(session, engines[0], workload) * len(engines)
     total = 0.0
     for kind in dict.fromkeys(SIM_GPUS):
         indices = [i for i in range(len(engines)) if engine_gpu(i) == kind]
-        total += await calibrate_one(session, engines[indices[0]], workload) * len(indices)
+        one = await calibrate_one(session, engines[indices[0]], workload)
+        print(f"{workload.name}: one {kind} engine sustains ~{one:.2f} req/s", flush=True)
+        total += one * len(indices)
     return total
 
 
@@ -1089,7 +1100,7 @@ async def main() -> None:
                 shared = (
                     workload.startswith("shared_prefix")
                     and ENGINE_KIND == "tokenyard-sim"
-                    and len(SIM_GPUS) == 1
+                    and not MIXED_FLEET
                 )
                 bound = decode_bound_tok_s(clients) if shared else None
                 results[workload] = {}
@@ -1152,7 +1163,7 @@ async def main() -> None:
     if ENGINE_KIND != "tokenyard-sim":
         write_results("router-llm-d", final)
     else:
-        write_results("router" if len(SIM_GPUS) == 1 else "router-mixed-fleet", final)
+        write_results("router-mixed-fleet" if MIXED_FLEET else "router", final)
 
 
 if __name__ == "__main__":

@@ -210,7 +210,7 @@ def _redistribute_capped(
     lengths: list[float],
     capped_weights: list[float],
     capped_lengths: list[float],
-    unit: float = 1.0,
+    unit: float,
 ) -> tuple[list[float], list[float]]:
     """Per bucket, the answers' estimated weight and token sum once every capped answer's weight has gone to the
     answers in longer buckets (capped or not), in proportion to theirs; a capped answer with none longer keeps
