@@ -87,6 +87,10 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     watermark_fraction: float = WATERMARK_FRACTION
     enable_prefix_caching: bool = True
+    # When a prompt's blocks join the prefix cache: as the step that computes them is scheduled (vLLM V1), or
+    # after it ran (SGLang: the radix tree takes a prefill's KV in once the batch's forward is done,
+    # ``cache_unfinished_req`` in the scheduler's prefill result handling).
+    cache_when_scheduled: bool = True
 
     @classmethod
     def for_deployment(cls, d: Deployment, **overrides) -> SchedulerConfig:
@@ -306,8 +310,10 @@ class Engine:
 
     # --- requests ---------------------------------------------------------------------------------------------
     def add_request(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams, now: float
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, now: float, sample: int = 0
     ) -> Request:
+        """``sample``: which of a request's ``n`` samples this is; each draws its own words and natural length,
+        as sampling with a temperature does (vLLM's children of one request get ``seed + index``)."""
         cfg = self.config
         if not prompt_ids:
             raise EngineError("the prompt is empty")
@@ -324,6 +330,8 @@ class Engine:
                 f"{params.max_tokens} in the completion)"
             )
         seed = hash(tuple(prompt_ids)) & 0xFFFFFFFF  # ints hash the same in every process
+        if sample:
+            seed = hash((seed, sample)) & 0xFFFFFFFF
         natural = natural_length(seed)
         req = Request(
             request_id=request_id,
@@ -365,7 +373,7 @@ class Engine:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed, budget)
             if self._grow(req, req.num_computed + num_new):
-                scheduled.append((req, num_new))
+                self._schedule(scheduled, req, num_new)
                 budget -= num_new
                 i += 1
                 continue
@@ -377,7 +385,7 @@ class Engine:
                 if victim is req:
                     break
                 if self._grow(req, req.num_computed + num_new):
-                    scheduled.append((req, num_new))
+                    self._schedule(scheduled, req, num_new)
                     budget -= num_new
                     i += 1
                     break
@@ -396,13 +404,25 @@ class Engine:
                 if req.first_scheduled_s is None:
                     req.first_scheduled_s = now
                 admitted.append(req)
-                scheduled.append((req, num_new))
+                self._schedule(scheduled, req, num_new)
                 budget -= num_new
 
         if not scheduled:
             # Nothing fits (cannot happen with max_model_len <= the cache, kept as a guard against a busy loop).
             return None
         return self._run(now, scheduled, admitted, preempted)
+
+    def _schedule(self, scheduled: list[tuple[Request, int]], req: Request, num_new: int) -> None:
+        """``req`` computes ``num_new`` more tokens this step. Its blocks that those tokens fill are offered to
+        the prefix cache now, before the step runs, as vLLM V1 does (``KVCacheManager.allocate_slots`` caches
+        up to ``num_computed_tokens + num_new_tokens`` when it allocates, vllm/v1/core/kv_cache_manager.py): a
+        request scheduled after it in the same step, such as the other samples of an ``n > 1`` request or the
+        same system prompt arriving twice at once, finds them and skips their prefill. Safe here because a
+        request scheduled in a step is never preempted in it (the victims are the newest running requests,
+        those not yet scheduled). SGLang's blocks join after the step (``SchedulerConfig.cache_when_scheduled``)."""
+        scheduled.append((req, num_new))
+        if self.config.cache_when_scheduled:
+            self._register_full_blocks(req, req.num_computed + num_new)
 
     def _run(
         self,
@@ -419,7 +439,8 @@ class Engine:
             pairs += n * before + n * (n + 1) // 2
             kv_read += before
             req.num_computed = before + n
-            self._register_full_blocks(req)
+            if not self.config.cache_when_scheduled:
+                self._register_full_blocks(req, req.num_computed)
             if req.num_computed == req.num_tokens:
                 sampling.append(req)
         shape = StepShape(
@@ -487,12 +508,12 @@ class Engine:
             hashes.append(hash((parent, tuple(ids[k * bs : (k + 1) * bs]))))
         return hashes
 
-    def _register_full_blocks(self, req: Request) -> None:
+    def _register_full_blocks(self, req: Request, num_tokens: int) -> None:
         # Only the blocks that filled up since the last step: with SGLang's one-token pages a long request has
         # tens of thousands of blocks, and walking them all every step would cost more than the step models.
         if not self.pool.enable_caching:
             return
-        full = req.num_computed // self.config.block_size
+        full = num_tokens // self.config.block_size
         if full <= req.num_registered:
             return
         hashes = self._ensure_hashes(req, full)

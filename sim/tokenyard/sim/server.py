@@ -73,6 +73,10 @@ SGLANG_VERSION = "0.5.5-tokenyard-sim"  # what SGLang's /get_server_info reports
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 GEN_THROUGHPUT_WINDOW_S = 5.0  # sglang:gen_throughput is measured over the last few seconds
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default, which vLLM keeps
+MAX_N_SEQUENCES = (
+    16384  # vLLM's VLLM_MAX_N_SEQUENCES default (vllm/envs.py): the most choices one request asks
+)
+GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 DRAIN_TIMEOUT_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 # How far the virtual clock may lag the event loop and still catch up (late timer wake-ups on a busy machine);
 # beyond it the lag is given up and shows as latency.
@@ -153,6 +157,7 @@ class _Stream:
     stops: tuple[str, ...]
     arrival_wall: float
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    index: int = 0  # which choice of the answer (the request's ``n`` samples share one event)
     text: str = ""
     num_tokens: int = 0
     finish_reason: str | None = None
@@ -193,6 +198,7 @@ class SimEngine:
                 max_model_len=max_model_len,
                 max_num_batched_tokens=budget,
                 enable_prefix_caching=options.enable_prefix_caching,
+                cache_when_scheduled=self.personality != PERSONALITY_SGLANG,
             ),
             self._step_seconds,
             self.tokenizer,
@@ -449,7 +455,8 @@ class SimEngine:
         if not self.loaded:
             raise ApiError(503, "the model is still loading")
 
-    def _admit(self, prompt_ids: list[int], params: SamplingParams, stops: tuple[str, ...]) -> _Stream:
+    def _count_request(self) -> None:
+        """A client's request came (once however many samples it asks for): the fault knobs may fail it."""
         self._requests_seen += 1
         crash_after = self.knobs.crash_after_requests
         if crash_after is not None and self._requests_seen > crash_after:
@@ -457,40 +464,79 @@ class SimEngine:
             raise ApiError(503, "the engine crashed")
         if self.knobs.error_rate > 0 and self._rng.random() < self.knobs.error_rate:
             raise ApiError(500, "simulated engine error (error_rate knob)")
+
+    def _admit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        stops: tuple[str, ...],
+        index: int = 0,
+        event: asyncio.Event | None = None,
+    ) -> _Stream:
         wall = self._loop_time
         request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         try:
-            req = self.core.add_request(request_id, prompt_ids, params, self._modelled(wall))
+            req = self.core.add_request(request_id, prompt_ids, params, self._modelled(wall), sample=index)
         except EngineError as e:
             raise ApiError(400, str(e), param="max_tokens" if "needs" in str(e) else None) from e
-        stream = _Stream(req, stops, wall)
+        stream = _Stream(req, stops, wall, index=index)
+        if event is not None:
+            stream.event = event
         self._streams[request_id] = stream
         self._wake.set()
         return stream
 
     async def _serve(self, request: web.Request, kind: str) -> web.StreamResponse:
+        streams: list[_Stream] = []
         try:
             self._check_serving()
             body = await _json_body(request)
-            prompt_ids, params, stops = self._parse(body, kind)
+            prompt_ids, params, stops, n = self._parse(body, kind)
             stream_mode = _get(body, "stream", bool, False)
             include_usage = bool((_get(body, "stream_options", dict, None) or {}).get("include_usage", False))
-            s = self._admit(prompt_ids, params, stops)
+            self._count_request()
+            if n > 1 and self.personality == PERSONALITY_SGLANG:
+                await self._prefill_first(prompt_ids)
+            # vLLM V1 fans a request of n samples out into n requests to its scheduler
+            # (vllm/v1/engine/parallel_sampling.py, ParentRequest); they share one wake-up here
+            shared = asyncio.Event()
+            for index in range(n):
+                streams.append(self._admit(prompt_ids, params, stops, index, shared))
         except ApiError as e:
+            self._abort_unfinished(streams)
             return e.response(self.personality)
         created = int(time.time())
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         try:
             if stream_mode:
-                return await self._stream_response(request, s, kind, response_id, created, include_usage)
-            while s.finish_reason is None:
-                s.event.clear()
-                await s.event.wait()
-            return web.json_response(self._full_body(s, kind, response_id, created))
-        finally:
-            if s.finish_reason is None:  # client went away or the handler failed: free the engine's work
+                return await self._stream_response(
+                    request, streams, kind, response_id, created, include_usage
+                )
+            while any(s.finish_reason is None for s in streams):
+                shared.clear()
+                await shared.wait()
+            return web.json_response(self._full_body(streams, kind, response_id, created))
+        finally:  # client went away or the handler failed: free the engine's work
+            self._abort_unfinished(streams)
+
+    def _abort_unfinished(self, streams: list[_Stream]) -> None:
+        for s in streams:
+            if s.finish_reason is None:
                 self._end(s, FinishReason.ABORT, self._modelled(self._loop_time))
+
+    async def _prefill_first(self, prompt_ids: list[int]) -> None:
+        """SGLang's way with ``n > 1``: before the samples, one request that only prefills the prompt, so that
+        they all find it in the radix cache (``TokenizerManager._handle_batch_request``, "Cache the common
+        prefix for parallel sampling": a copy with ``max_new_tokens = 0``, awaited). The sim's core needs one
+        output token, which it samples in the prefill's own step, so the copy costs what the prefill does."""
+        first = self._admit(prompt_ids, SamplingParams(1), ())
+        try:
+            while first.finish_reason is None:
+                first.event.clear()
+                await first.event.wait()
+        finally:
+            self._abort_unfinished([first])
 
     # --- SGLang's native /generate (text or input_ids, sampling_params, stream) ------------------------------
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
@@ -522,6 +568,7 @@ class SimEngine:
             params = SamplingParams(max_new, min_new, _get(sampling, "ignore_eos", bool, False))
             stream_mode = _get(body, "stream", bool, False)
             rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+            self._count_request()
             s = self._admit(prompt_ids, params, stops)
         except ApiError as e:  # SGLang's /generate answers {"error": {"message": ...}}
             return web.json_response({"error": {"message": e.message}}, status=e.status)
@@ -573,45 +620,54 @@ class SimEngine:
             "e2e_latency": self._loop_time - s.arrival_wall,
         }
 
-    def _usage(self, s: _Stream) -> dict[str, Any]:
-        prompt = s.request.num_prompt_tokens
+    def _usage(self, streams: list[_Stream]) -> dict[str, Any]:
+        """The answer's usage: the prompt counted once, the completion summed over its choices (vLLM's
+        serving_completion.py and serving_chat.py: ``sum(len(output.token_ids) for output in outputs)``)."""
+        first = streams[0]
+        prompt = first.request.num_prompt_tokens
+        completion = sum(s.num_tokens for s in streams)
         usage: dict[str, Any] = {
             "prompt_tokens": prompt,
-            "total_tokens": prompt + s.num_tokens,
-            "completion_tokens": s.num_tokens,
+            "total_tokens": prompt + completion,
+            "completion_tokens": completion,
         }
         # as the engines do (EngineOptions.report_cached_tokens): asked for, and only when some were cached
-        if self.options.report_cached_tokens and s.request.num_cached_tokens:
-            usage["prompt_tokens_details"] = {"cached_tokens": s.request.num_cached_tokens}
+        cached = first.request.num_cached_tokens
+        if self.options.report_cached_tokens and cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
         return usage
 
-    def _full_body(self, s: _Stream, kind: str, response_id: str, created: int) -> dict[str, Any]:
-        if kind == "chat":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": s.text, "tool_calls": []},
-                "logprobs": None,
-                "finish_reason": s.finish_reason,
-                "stop_reason": s.stop_reason,
-            }
-            obj = "chat.completion"
-        else:
-            choice = {
-                "index": 0,
-                "text": s.text,
-                "logprobs": None,
-                "finish_reason": s.finish_reason,
-                "stop_reason": s.stop_reason,
-                "prompt_logprobs": None,
-            }
-            obj = "text_completion"
+    def _full_body(self, streams: list[_Stream], kind: str, response_id: str, created: int) -> dict[str, Any]:
+        choices: list[dict[str, Any]] = []
+        for s in streams:
+            if kind == "chat":
+                choices.append(
+                    {
+                        "index": s.index,
+                        "message": {"role": "assistant", "content": s.text, "tool_calls": []},
+                        "logprobs": None,
+                        "finish_reason": s.finish_reason,
+                        "stop_reason": s.stop_reason,
+                    }
+                )
+            else:
+                choices.append(
+                    {
+                        "index": s.index,
+                        "text": s.text,
+                        "logprobs": None,
+                        "finish_reason": s.finish_reason,
+                        "stop_reason": s.stop_reason,
+                        "prompt_logprobs": None,
+                    }
+                )
         return {
             "id": response_id,
-            "object": obj,
+            "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": created,
             "model": self.model_name,
-            "choices": [choice],
-            "usage": self._usage(s),
+            "choices": choices,
+            "usage": self._usage(streams),
         }
 
     def _chunk(
@@ -619,10 +675,15 @@ class SimEngine:
     ):
         if kind == "chat":
             delta: dict[str, Any] = {} if text is None else {"content": text}
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {
+                "index": s.index,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish,
+            }
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": s.index, "text": text or "", "logprobs": None, "finish_reason": finish}
             obj = "text_completion"
         if finish is not None:
             choice["stop_reason"] = s.stop_reason
@@ -635,36 +696,51 @@ class SimEngine:
         }
 
     async def _stream_response(
-        self, request: web.Request, s: _Stream, kind: str, response_id: str, created: int, include_usage: bool
+        self,
+        request: web.Request,
+        streams: list[_Stream],
+        kind: str,
+        response_id: str,
+        created: int,
+        include_usage: bool,
     ) -> web.StreamResponse:
+        """Each choice's text as it comes, one chunk per choice and step, tagged with the choice's index; a
+        choice's last chunk carries its finish reason (vLLM's streaming generators: a chat stream opens with
+        one role chunk per choice)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         if kind == "chat":
-            first = self._chunk(kind, response_id, created, "", None, s)
-            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-            await resp.write(_sse(first))
-        sent = 0
+            for s in streams:
+                first = self._chunk(kind, response_id, created, "", None, s)
+                first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                await resp.write(_sse(first))
+        shared = streams[0].event
+        sent = [0] * len(streams)
+        closed = [False] * len(streams)
         try:
-            while True:
-                s.event.clear()
-                if len(s.text) > sent:
-                    piece = s.text[sent:]
-                    sent = len(s.text)
-                    await resp.write(_sse(self._chunk(kind, response_id, created, piece, None, s)))
-                    continue
-                if s.finish_reason is not None:
-                    break
-                await s.event.wait()
-            final = self._chunk(
-                kind, response_id, created, None if kind == "chat" else "", s.finish_reason, s
-            )
-            await resp.write(_sse(final))
+            while not all(closed):
+                shared.clear()
+                for i, s in enumerate(streams):
+                    if closed[i]:
+                        continue
+                    if len(s.text) > sent[i]:
+                        piece = s.text[sent[i] :]
+                        sent[i] = len(s.text)
+                        await resp.write(_sse(self._chunk(kind, response_id, created, piece, None, s)))
+                    if s.finish_reason is not None:
+                        final = self._chunk(
+                            kind, response_id, created, None if kind == "chat" else "", s.finish_reason, s
+                        )
+                        await resp.write(_sse(final))
+                        closed[i] = True
+                if not all(closed) and not shared.is_set():
+                    await shared.wait()
             if include_usage:
                 usage = {
                     "id": response_id,
                     "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
                 }
-                usage.update(created=created, model=self.model_name, choices=[], usage=self._usage(s))
+                usage.update(created=created, model=self.model_name, choices=[], usage=self._usage(streams))
                 await resp.write(_sse(usage))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -672,13 +748,14 @@ class SimEngine:
             pass
         return resp
 
-    def _parse(self, body: dict[str, Any], kind: str) -> tuple[list[int], SamplingParams, tuple[str, ...]]:
+    def _parse(
+        self, body: dict[str, Any], kind: str
+    ) -> tuple[list[int], SamplingParams, tuple[str, ...], int]:
+        """The prompt's token ids, the sampling parameters, the stop strings and ``n``, the number of choices."""
         model = body.get("model")
         if model is not None and model not in self.model_names:
             raise ApiError(404, f"The model `{model}` does not exist.", param="model", kind="NotFoundError")
-        n = _get(body, "n", int, 1)
-        if n != 1:
-            raise ApiError(400, f"only n=1 is supported, got n={n}", param="n")
+        n = self._sample_count(body)
         if kind == "chat":
             # vLLM's ChatCompletionRequest takes the same template flags as /tokenize (same defaults)
             add_generation_prompt = _get(body, "add_generation_prompt", bool, True)
@@ -736,7 +813,27 @@ class SimEngine:
             if key in body and body[key] is not None and not isinstance(body[key], int | float):
                 raise ApiError(400, f"{key} must be a number", param=key)
         ignore_eos = _get(body, "ignore_eos", bool, False)
-        return prompt_ids, SamplingParams(max_tokens, min_tokens, ignore_eos), stops
+        return prompt_ids, SamplingParams(max_tokens, min_tokens, ignore_eos), stops, n
+
+    def _sample_count(self, body: dict[str, Any]) -> int:
+        """``n``, as vLLM checks it (vllm/sampling_params.py, ``SamplingParams._verify_args`` and
+        ``_verify_greedy_sampling``): at least 1, at most VLLM_MAX_N_SEQUENCES (16384 by default), and 1 when
+        the temperature is 0 (below 1e-5), since greedy samples would all be the same."""
+        n = _get(body, "n", int, 1)
+        if n < 1:
+            raise ApiError(400, f"n must be at least 1, got {n}.", param="n")
+        if n > MAX_N_SEQUENCES:
+            raise ApiError(
+                400,
+                f"n must be at most {MAX_N_SEQUENCES}, got {n}. To increase this limit, set the "
+                "VLLM_MAX_N_SEQUENCES environment variable.",
+                param="n",
+            )
+        temperature = body.get("temperature")
+        greedy = isinstance(temperature, int | float) and temperature < GREEDY_TEMPERATURE
+        if n > 1 and greedy and self.personality != PERSONALITY_SGLANG:
+            raise ApiError(400, f"n must be 1 when using greedy sampling, got {n}.", param="n")
+        return n
 
     def _completion_prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):

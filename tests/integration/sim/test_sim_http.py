@@ -198,7 +198,7 @@ async def test_malformed_requests_get_vllm_style_errors(start_engine, http):
     cases = [
         (b"{not json", 400, None),
         (json.dumps({"prompt": "hi", "max_tokens": "many"}).encode(), 400, "max_tokens"),
-        (json.dumps({"prompt": "hi", "n": 2}).encode(), 400, "n"),
+        (json.dumps({"prompt": "hi", "n": 0}).encode(), 400, "n"),
         (json.dumps({"prompt": "word " * 1200}).encode(), 400, "prompt"),
         (json.dumps({"prompt": "hi", "max_tokens": 5000}).encode(), 400, "max_tokens"),
         (json.dumps({"prompt": 42}).encode(), 400, "prompt"),
@@ -364,3 +364,93 @@ async def test_sglang_side_endpoints_and_flush_cache(start_engine, http):
         assert r.status == 200
     async with http.post(engine.url + "/v1/completions", json=body) as r:
         assert cached_tokens((await r.json())["usage"]) == 0
+
+
+async def test_n_samples_come_as_n_choices_with_their_usage_summed(start_engine, http):
+    """vLLM's parallel sampling: n choices indexed 0..n-1, the prompt counted once and the completion tokens
+    summed; each sample a request of its own to the scheduler (so /metrics counts n finished requests)."""
+    engine = await start_engine(time_scale=0.05, report_cached_tokens=True)
+    body = {"model": MODEL, "prompt": "one prompt sampled four times " * 30, "max_tokens": 300, "n": 4}
+    async with http.post(engine.url + "/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        answer = await r.json()
+    choices = answer["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    assert len({len(c["text"]) for c in choices}) > 1  # each sample ends at its own length
+    assert answer["usage"]["prompt_tokens"] == len(engine.tokenizer.encode(body["prompt"]))
+    m = await scrape(http, engine.url)
+    assert answer["usage"]["completion_tokens"] == m["vllm:generation_tokens_total"] > 4
+    assert m["vllm:request_success_total{stop}"] + m.get("vllm:request_success_total{length}", 0) == 4
+    # the samples after the first found the prompt the first one's step was computing
+    assert m["vllm:prefix_cache_hits_total"] >= 3 * (answer["usage"]["prompt_tokens"] // 16 - 1) * 16
+
+
+async def test_n_samples_stream_each_chunk_tagged_with_its_choice(start_engine, http):
+    engine = await start_engine(time_scale=0.05)
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "three answers please"}],
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "n": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    roles: list[int] = []
+    text: dict[int, str] = {0: "", 1: "", 2: ""}
+    finished: list[int] = []
+    usage = None
+    async with http.post(engine.url + "/v1/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        async for line in r.content:
+            if not line.strip() or line.strip() == b"data: [DONE]":
+                continue
+            chunk = json.loads(line.strip()[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk["choices"]:
+                delta = choice["delta"]
+                if delta.get("role"):
+                    roles.append(choice["index"])
+                text[choice["index"]] += delta.get("content") or ""
+                if choice["finish_reason"]:
+                    finished.append(choice["index"])
+    assert roles == [0, 1, 2]
+    assert sorted(finished) == [0, 1, 2]
+    assert all(text.values())
+    assert usage["completion_tokens"] == 120  # 40 each (ignore_eos)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"n": 0}, "n must be at least 1, got 0."),
+        ({"n": 2, "temperature": 0}, "n must be 1 when using greedy sampling, got 2."),
+        ({"n": 20_000}, "n must be at most 16384, got 20000."),
+        ({"n": "2"}, "n must be of type int"),
+    ],
+)
+async def test_a_bad_n_is_refused_as_vllm_refuses_it(start_engine, http, body, message):
+    engine = await start_engine(time_scale=0.05)
+    async with http.post(engine.url + "/v1/completions", json={"prompt": "hi", **body}) as r:
+        assert r.status == 400
+        error = (await r.json())["error"]
+    assert error["message"].startswith(message) and error["param"] == "n"
+    m = await scrape(http, engine.url)
+    assert m.get("vllm:request_success_total{stop}", 0) == 0 and m["vllm:num_requests_running"] == 0
+
+
+async def test_sglang_prefills_the_prompt_once_before_its_samples(start_engine, http):
+    """SGLang runs a prefill-only copy of the prompt first, then the n samples, which find it cached."""
+    engine = await start_engine(time_scale=0.05, personality="sglang", report_cached_tokens=True)
+    prompt = "a prompt SGLang samples twice " * 30
+    body = {"prompt": prompt, "max_tokens": 5, "ignore_eos": True, "n": 2}
+    async with http.post(engine.url + "/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        answer = await r.json()
+    prompt_tokens = answer["usage"]["prompt_tokens"]
+    assert answer["usage"]["completion_tokens"] == 10
+    assert (
+        cached_tokens(answer["usage"]) == prompt_tokens - 1
+    )  # page size 1: all but the token it samples from
+    assert engine.core.prefix_cache_hits == 2 * (prompt_tokens - 1)

@@ -94,6 +94,43 @@ def test_a_repeated_prompt_hits_the_prefix_cache_and_skips_its_prefill():
     assert e.prefix_cache_queries == 200 and e.prefix_cache_hits == 96
 
 
+def test_requests_admitted_in_one_step_share_the_prompt_blocks_the_first_one_computes():
+    """vLLM V1 offers a prompt's blocks to the prefix cache as their step is scheduled, so the second of two
+    identical prompts admitted in the same step finds them (the samples of an n > 1 request arrive so)."""
+    e = make_engine()
+    first = e.add_request("a", prompt(100), fixed(1), now=0.0)
+    second = e.add_request("b", prompt(100), fixed(1), now=0.0)
+    outcome = e.step(0.0)
+    assert set(outcome.admitted) == {first, second}
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == 96
+    assert outcome.shape.num_tokens == 100 + 4
+
+
+def test_sglang_caches_a_prompt_only_after_its_step_ran():
+    """SGLang's radix tree takes a prefill in after the forward: two identical prompts in one batch both
+    compute it, and a third one, a step later, hits."""
+    e = make_engine(cache_when_scheduled=False)
+    first = e.add_request("a", prompt(100), fixed(2), now=0.0)
+    second = e.add_request("b", prompt(100), fixed(2), now=0.0)
+    outcome = e.step(0.0)
+    assert first.num_cached_tokens == second.num_cached_tokens == 0
+    assert outcome.shape.num_tokens == 200
+    third = e.add_request("c", prompt(100), fixed(1), now=outcome.end_s)
+    e.step(outcome.end_s)
+    assert third.num_cached_tokens == 96
+
+
+def test_the_samples_of_one_request_draw_their_own_lengths():
+    e = make_engine()
+    samples = [
+        e.add_request(f"s{i}", prompt(20), SamplingParams(max_tokens=4000), 0.0, sample=i) for i in range(8)
+    ]
+    assert len({r.natural_length for r in samples}) > 1
+    again = e.add_request("again", prompt(20), SamplingParams(max_tokens=4000), 0.0)
+    assert again.natural_length == samples[0].natural_length  # the first sample is the request as before
+
+
 def test_a_shared_prefix_hits_up_to_the_first_differing_block():
     e = make_engine()
     e.add_request("a", prompt(64) + [7] * 32, fixed(1), now=0.0)
