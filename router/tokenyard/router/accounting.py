@@ -80,6 +80,9 @@ class Ticket:
     # the request's cap (OutputLength.remaining); else it counts down from what was charged at the start.
     output: OutputLength | None = None
     output_cap: int = 0
+    # The sequences the request runs on its replica (its ``n``): each holds a batch slot and writes its own answer,
+    # and decode_left covers all of them.
+    samples: int = 1
 
     @property
     def tokens_left(self) -> int:
@@ -214,8 +217,10 @@ class LoadLedger:
         slot_free: bool = True,
         output: OutputLength | None = None,
         output_cap: int = 0,
+        samples: int = 1,
     ) -> Ticket:
-        """``slot_free``: the replica had a batch slot free for it as far as the router knew (False: it may
+        """``decode_tokens``: what all ``samples`` answers are charged (the request's ``n``; each also counts
+        as a request in flight). ``slot_free``: the replica had a batch slot free for it as far as the router knew (False: it may
         wait for one, and its time to first token says nothing about how the engine prefills). ``output`` and
         ``output_cap``: the model's answer lengths and the request's max_tokens, to recharge its decode by age
         (Ticket.output)."""
@@ -233,6 +238,7 @@ class LoadLedger:
             prefill_sent=prefill_tokens,
             output=output,
             output_cap=output_cap,
+            samples=samples,
         )
         if slot_free:
             for ahead in self._prefilling.get(replica, {}).values():
@@ -244,7 +250,7 @@ class LoadLedger:
             prefilling[ticket.id] = ticket
         load = self._loads[replica]
         load.tokens += ticket.tokens_left
-        load.requests += 1
+        load.requests += samples
         self._count_beyond(ticket, 0, decode_tokens)
         self._open[ticket.id] = ticket
         if kv is not None:
@@ -341,8 +347,9 @@ class LoadLedger:
         ticket.generated += tokens
         if ticket.output is None:
             left = max(0, ticket.decode_left - tokens)
-        else:
-            left = ticket.output.remaining(ticket.generated, ticket.output_cap)
+        else:  # the samples stream side by side, so each has written about its share so far
+            per_sample = ticket.generated // ticket.samples
+            left = ticket.samples * ticket.output.remaining(per_sample, ticket.output_cap)
         self._loads[ticket.replica].tokens += left - ticket.decode_left
         self._count_beyond(ticket, ticket.decode_left, left)
         ticket.decode_left = left
@@ -370,7 +377,7 @@ class LoadLedger:
             return
         load = self._loads[ticket.replica]
         load.tokens -= ticket.tokens_left
-        load.requests -= 1
+        load.requests -= ticket.samples
         self._count_beyond(ticket, ticket.decode_left, 0)
         if ticket.kv is not None:
             self._hold(ticket.replica, ticket.kv, -1)
@@ -392,6 +399,7 @@ class LoadLedger:
             ticket.opened_at,
             output=ticket.output,
             output_cap=ticket.output_cap,
+            samples=ticket.samples,
         )
         moved.generated = ticket.generated
         self.close(ticket)

@@ -279,9 +279,9 @@ class RoutedRequest:
             if produced is None and self.streams:
                 produced = self.output_events
             if produced is not None:
-                cap = self.request.output_cap
-                reached_cap = cap is not None and produced >= cap
-                self.forwarder.state.learn_output_tokens(self.request.model, produced, reached_cap)
+                cap, samples = self.request.output_cap, self.request.samples
+                reached_cap = cap is not None and produced >= cap * samples
+                self.forwarder.state.learn_output_tokens(self.request.model, produced, reached_cap, samples)
         if self.shadow:
             # A copy cut short by the router (its shutdown, a bug) says nothing of the revision: the canary
             # analysis reads outcome="error" as the shadow revision's errors, so it is counted apart.

@@ -42,6 +42,9 @@ class InferenceRequest:
     # that reaches it was cut short: its length is a lower bound (learned_sizes.OutputLength).
     output_cap: int | None = None
     stream: bool = False
+    # ``n``: the answers the client asked for, each a sequence of its own on the engine (vLLM fans the request out
+    # into n requests to its scheduler, SGLang runs n after one prefill): n slots of its batch, n answers' decode.
+    samples: int = 1
     messages: tuple[Mapping[str, Any], ...] | None = None  # chat requests only
     greedy: bool = False  # temperature 0: a shadow copy's output is compared with the primary's
     # Seconds the client still waits when the request arrives (a gRPC deadline); None: no deadline. The
@@ -102,6 +105,13 @@ def max_tokens_of(body: Mapping[str, Any]) -> int | None:
     return None
 
 
+def samples_of(body: Mapping[str, Any]) -> int:
+    """``n``, the answers asked for; 1 when it is absent or not a positive integer (the engine then answers its
+    own error, which the router passes on as it came)."""
+    n = body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+
+
 def is_greedy(body: Mapping[str, Any]) -> bool:
     """Temperature 0 given explicitly (OpenAI's default is 1, so an absent temperature samples)."""
     temperature = body.get("temperature")
@@ -136,6 +146,7 @@ def request_from_body(
         expected_output_tokens=cap or default_max_tokens,
         output_cap=cap,
         stream=body.get("stream") is True,
+        samples=samples_of(body),
         messages=tuple(messages) if isinstance(messages, list) else None,
         greedy=is_greedy(body),
         deadline_s=deadline_s,

@@ -60,6 +60,7 @@ class Forwarder:
                 self.clock(),
                 exclude=exclude,
                 shadow=shadow,
+                samples=request.samples,
             )
         finally:
             self.metrics.decision.observe(time.perf_counter() - began)

@@ -259,10 +259,17 @@ class RouterState:
     def output_length_for(self, model: str) -> OutputLength:
         return self.output_lengths.setdefault(model, OutputLength())
 
-    def learn_output_tokens(self, model: str, output_tokens: int, reached_cap: bool = False) -> None:
+    def learn_output_tokens(
+        self, model: str, output_tokens: int, reached_cap: bool = False, samples: int = 1
+    ) -> None:
         """A request of ``model`` ended well after ``output_tokens`` output tokens (``reached_cap``: it stopped
-        at the cap its client set, so the model would have written on)."""
-        self.output_length_for(model).observe(output_tokens, reached_cap)
+        at the cap its client set, so the model would have written on). ``samples``: the answers those tokens
+        were spread over (its ``n``; the engines' usage sums them); each is learned as one answer of their mean
+        length, capped only when all of them reached the cap."""
+        lengths = self.output_length_for(model)
+        mean = round(output_tokens / samples)
+        for _ in range(samples):
+            lengths.observe(mean, reached_cap)
 
     def learn_prompt_tokens(self, model: str, prompt_bytes: int, prompt_tokens: int) -> None:
         """An engine counted ``prompt_tokens`` for a prompt of ``prompt_bytes`` bytes (its answer's usage)."""
@@ -406,7 +413,10 @@ class RouterState:
         now: float,
         exclude: Iterable[str] = (),
         shadow: bool = False,
+        samples: int = 1,
     ) -> Route:
+        """``samples``: the request's ``n``, the answers it asks for; the ledger charges each its decode and a
+        place in the replica's batch."""
         view = self.models.get(model)
         if view is None:
             known = ", ".join(sorted(self.models)) or "none"
@@ -431,6 +441,7 @@ class RouterState:
             expected_output = output_lengths.remaining(0, max_tokens)
         else:
             expected_output = output_lengths.expected(max_tokens)
+        expected_output *= samples
         request = RoutingRequest(model=model, prompt_tokens=0, expected_output_tokens=expected_output)
         if not shadow:
             available = {s.revision for s in snapshots if s.healthy and not s.ejected}
@@ -499,6 +510,7 @@ class RouterState:
             slot_free,
             output_lengths if self.settings.output_by_age else None,
             max_tokens,
+            samples,
         )
         # read before the insert below touches them
         match_last_used = self.index.last_used(chosen.name, hashes) if self.settings.prefix_feedback else ()

@@ -356,3 +356,33 @@ async def test_a_request_goes_where_it_starts_at_once_not_into_a_cached_replicas
 
 async def metric_is_one(http, server, name: str, **labels: str) -> bool:
     return parse_metric(await metrics_text(http, server), name, **labels) == 1.0
+
+
+async def test_a_request_for_n_answers_holds_n_places_on_its_replica_until_they_end(engines, router, http):
+    """n = 4 through the router to a vLLM-like engine: the client gets its four choices, and while they stream
+    the router counts four requests in flight on the replica (what freeSlot and the load score read), as the
+    engine counts four running."""
+    fleet = await engines(2, time_scale=0.5)
+    server = await router(backends_of(fleet))
+    body = {
+        "model": MODEL,
+        "prompt": "four takes on one prompt",
+        "max_tokens": 60,
+        "ignore_eos": True,
+        "n": 4,
+    }
+    answered = asyncio.create_task(complete(http, server, body.pop("prompt"), **body))
+
+    def four_in_flight_and_running() -> bool:
+        (load,) = server.state.ledger.snapshot().values() or (None,)
+        return load is not None and load.requests == 4 and sum(e.core.num_running for e in fleet) == 4
+
+    await wait_for(four_in_flight_and_running, what="4 requests in flight on the ledger and running")
+    status, _, payload = await answered
+    assert status == 200
+    answer = json.loads(payload)
+    assert sorted(c["index"] for c in answer["choices"]) == [0, 1, 2, 3]
+    assert answer["usage"]["completion_tokens"] == 4 * 60
+    assert server.state.ledger.snapshot() == {}
+    lengths = server.state.output_length_for(MODEL)
+    assert lengths.observations == 4 and lengths.total_tokens / lengths.answers == pytest.approx(60)

@@ -37,6 +37,22 @@ def test_ticket_releases_prefill_on_first_token_then_decode_then_rest():
     assert ledger.open_tickets() == 0
 
 
+def test_a_request_of_n_samples_counts_n_requests_and_recharges_each_samples_decode_by_age():
+    lengths = OutputLength()
+    for _ in range(20):
+        lengths.observe(40)
+    ledger = LoadLedger()
+    ticket = ledger.open("a", 100, 4 * lengths.remaining(0, 200), output=lengths, output_cap=200, samples=4)
+    assert ledger.load("a").requests == 4
+    assert ledger.load("a").tokens == 100 + 4 * 40
+    ledger.generated(ticket, 40)  # ten tokens from each of the four
+    assert ledger.load("a").tokens == 4 * lengths.remaining(10, 200) == 4 * 30
+    moved = ledger.move(ticket, "b")
+    assert (ledger.load("a").requests, ledger.load("b").requests) == (0, 4)
+    ledger.close(moved)
+    assert ledger.load("b").requests == 0 and ledger.load("b").tokens == 0
+
+
 def test_a_prompt_alone_on_its_replica_measures_the_prefill_rate_and_a_queued_or_whole_one_does_not():
     ledger = LoadLedger()
     measure(ledger, "a", PrefillRate.min_samples - 1)

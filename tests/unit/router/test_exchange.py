@@ -754,6 +754,29 @@ async def test_a_whole_answer_teaches_its_length_only_through_its_usage(engines,
     assert (lengths.observations, lengths.total_tokens) == ((1, 5) if usage else (0, 0))
 
 
+async def test_n_answers_hold_n_places_on_the_ledger_and_teach_n_answers_of_their_mean_length(
+    engines, router
+):
+    """``n``: the engines run n sequences for it and sum their tokens in its usage."""
+    usage = {"prompt_tokens": 21, "completion_tokens": 30, "total_tokens": 51}
+    answer = {
+        "choices": [{"index": i, "text": "x", "finish_reason": "stop"} for i in range(3)],
+        "usage": usage,
+    }
+    (engine,) = await engines(FakeEngine(json_body=answer))
+    r = router([Endpoint("e0", engine.url)])
+    async with r.forwarder.exchange(completion(stream=False, max_tokens=50, n=3)) as exchange:
+        load = r.state.ledger.load("e0")
+        assert load.requests == 3
+        assert load.tokens >= 3 * 50  # each answer charged its cap: nothing learned yet
+        await exchange.read()
+    assert r.state.ledger.load("e0").requests == 0
+    lengths = r.state.output_length_for(MODEL)
+    assert lengths.observations == 3
+    assert lengths.total_tokens / lengths.answers == pytest.approx(10)  # three answers of 10, not one of 30
+    assert lengths.capped_answers == 0
+
+
 async def test_the_cached_tokens_an_engine_reports_correct_the_prefix_index(engines, router):
     """vLLM's (and SGLang's) usage.prompt_tokens_details.cached_tokens: a replica that had none of a prefix
     the index believed it held has evicted it, and with it whatever the index last sent there before it."""

@@ -240,3 +240,12 @@ def test_the_clients_own_cap_is_kept_apart_from_the_routers_guess():
     assert parsed(max_completion_tokens=50, max_tokens=40).output_cap == 50
     assert (parsed().output_cap, parsed().expected_output_tokens) == (None, 256)
     assert parsed(max_tokens=0).output_cap is None  # no cap (vLLM refuses it: at least 1)
+
+
+@pytest.mark.parametrize(
+    ("n", "samples"), [(None, 1), (3, 3), (1, 1), (0, 1), (-2, 1), ("3", 1), (True, 1), (2.0, 1)]
+)
+def test_the_answers_asked_for_are_n_when_it_is_a_positive_integer(n, samples):
+    body = {"model": "m", "prompt": "p", **({} if n is None else {"n": n})}
+    request = parse_request(COMPLETIONS_PATH, json.dumps(body).encode(), default_max_tokens=16)
+    assert request.samples == samples
