@@ -67,12 +67,13 @@ class RoutingRequest:
 
     model: str
     prompt_tokens: int
-    expected_output_tokens: int
+    expected_output_tokens: int  # of all its answers
     prefix_match_tokens: Mapping[str, int] = field(default_factory=dict)
     state: RequestState = field(default_factory=RequestState)
     # replica name -> KV tokens the request would add there beside the requests in flight (its blocks none of
     # them holds, and its private ones); a replica missing here is not judged on memory.
     kv_new_tokens: Mapping[str, float] = field(default_factory=dict)
+    samples: int = 1  # its ``n``: the sequences it runs, each a place in the replica's batch
 
 
 @dataclass(frozen=True)

@@ -442,7 +442,9 @@ class RouterState:
         else:
             expected_output = output_lengths.expected(max_tokens)
         expected_output *= samples
-        request = RoutingRequest(model=model, prompt_tokens=0, expected_output_tokens=expected_output)
+        request = RoutingRequest(
+            model=model, prompt_tokens=0, expected_output_tokens=expected_output, samples=samples
+        )
         if not shadow:
             available = {s.revision for s in snapshots if s.healthy and not s.ejected}
             revision = choose_revision(view.traffic, available, self.rng.random())
@@ -500,7 +502,9 @@ class RouterState:
         kv = KvHold(tuple(hashes), private, chosen_blocks.tokens_per_block) if judge_kv else None
         # whether it starts at once there, as freeSlot judges (accounting.PrefillOverlap samples only those; with
         # the overlap off nothing is sampled, and the per-request pass over the candidates is skipped)
-        slot_free = self.settings.prefill_overlap and has_free_slot(snapshots)[snapshots.index(chosen)]
+        slot_free = (
+            self.settings.prefill_overlap and has_free_slot(snapshots, samples)[snapshots.index(chosen)]
+        )
         ticket = self.ledger.open(
             chosen.name,
             max(0, request.prompt_tokens - match),

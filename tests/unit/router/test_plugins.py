@@ -261,6 +261,17 @@ def test_free_slot_keeps_the_replicas_that_can_start_the_request_at_once():
     assert FreeSlotFilter().apply(request(), unknown) == unknown
 
 
+def test_free_slot_keeps_the_replicas_where_all_of_a_requests_n_answers_start_at_once():
+    replicas = [
+        snap("three_free", outstanding_requests=5, concurrency=8),
+        snap("four_free", outstanding_requests=4, concurrency=8),
+    ]
+    asks_four = request()
+    asks_four.samples = 4
+    assert [r.name for r in FreeSlotFilter().apply(asks_four, replicas)] == ["four_free"]
+    assert len(FreeSlotFilter().apply(request(), replicas)) == 2
+
+
 def test_free_slot_never_leaves_no_candidate():
     replicas = [snap(name, outstanding_requests=9, concurrency=8) for name in ("a", "b")]
     assert FreeSlotFilter().apply(request(), replicas) == replicas

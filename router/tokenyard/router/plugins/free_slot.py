@@ -23,7 +23,8 @@ class FreeSlotFilter(Filter, name="freeSlot"):
     cap is the engine's own, as observed or as its arguments configure it."""
 
     def apply(self, request: RoutingRequest, candidates: list[ReplicaSnapshot]) -> list[ReplicaSnapshot]:
-        kept = [replica for replica, free in zip(candidates, has_free_slot(candidates), strict=True) if free]
+        free_slots = has_free_slot(candidates, request.samples)
+        kept = [replica for replica, free in zip(candidates, free_slots, strict=True) if free]
         return kept or list(candidates)
 
 
@@ -41,10 +42,11 @@ def slot_caps(candidates: Sequence[ReplicaSnapshot]) -> list[int | None]:
     ]
 
 
-def has_free_slot(candidates: Sequence[ReplicaSnapshot]) -> list[bool]:
-    """For each candidate, whether a request sent now would start at once (True where no cap is known)."""
+def has_free_slot(candidates: Sequence[ReplicaSnapshot], samples: int = 1) -> list[bool]:
+    """For each candidate, whether a request sent now would start at once (True where no cap is known): all of
+    its ``samples`` (its ``n``) fit beside the requests in flight."""
     return [
-        cap is None or replica.outstanding_requests < cap
+        cap is None or replica.outstanding_requests + samples <= cap
         for replica, cap in zip(candidates, slot_caps(candidates), strict=True)
     ]
 
