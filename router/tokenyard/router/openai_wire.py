@@ -42,8 +42,9 @@ class InferenceRequest:
     # that reaches it was cut short: its length is a lower bound (learned_sizes.OutputLength).
     output_cap: int | None = None
     stream: bool = False
-    # ``n``: the answers the client asked for, each a sequence of its own on the engine (vLLM fans the request out
-    # into n requests to its scheduler, SGLang runs n after one prefill): n slots of its batch, n answers' decode.
+    # The answers the client asked for: ``n`` per prompt (a completion may carry a batch of prompts), each a
+    # sequence of its own on the engine (vLLM fans a request out into n requests to its scheduler, SGLang runs n
+    # after one prefill): one slot of the batch and one answer's decode each.
     samples: int = 1
     messages: tuple[Mapping[str, Any], ...] | None = None  # chat requests only
     greedy: bool = False  # temperature 0: a shadow copy's output is compared with the primary's
@@ -92,7 +93,27 @@ def prompt_of(body: Mapping[str, Any]) -> str:
         return "".join(prompt)
     if isinstance(prompt, list) and all(isinstance(p, int) for p in prompt):
         return " ".join(map(str, prompt))  # token ids: hash them as text, chained like any other prompt
-    raise InvalidRequest("'prompt' must be a string, a list of strings or a list of token ids")
+    if isinstance(prompt, list) and prompt and all(_token_ids(p) for p in prompt):
+        return "\n".join(" ".join(map(str, p)) for p in prompt)  # a batch of token-id prompts
+    raise InvalidRequest(
+        "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids"
+    )
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def prompts_in(body: Mapping[str, Any]) -> int:
+    """How many prompts the request carries: a completion's ``prompt`` may be a batch (a list of strings or of
+    token-id lists), which the engines answer prompt by prompt (vLLM's serving_completion.py makes each a request
+    of its own); anything else is one."""
+    prompt = body.get("prompt")
+    if "messages" in body or not isinstance(prompt, list) or not prompt:
+        return 1
+    if all(isinstance(p, str) for p in prompt) or all(_token_ids(p) for p in prompt):
+        return len(prompt)
+    return 1
 
 
 def max_tokens_of(body: Mapping[str, Any]) -> int | None:
@@ -146,7 +167,7 @@ def request_from_body(
         expected_output_tokens=cap or default_max_tokens,
         output_cap=cap,
         stream=body.get("stream") is True,
-        samples=samples_of(body),
+        samples=prompts_in(body) * samples_of(body),
         messages=tuple(messages) if isinstance(messages, list) else None,
         greedy=is_greedy(body),
         deadline_s=deadline_s,

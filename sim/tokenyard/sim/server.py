@@ -157,7 +157,8 @@ class _Stream:
     stops: tuple[str, ...]
     arrival_wall: float
     event: asyncio.Event = field(default_factory=asyncio.Event)
-    index: int = 0  # which choice of the answer (the request's ``n`` samples share one event)
+    index: int = 0  # which choice of the answer (the choices of one request share one event)
+    sample: int = 0  # which of its prompt's ``n`` samples
     text: str = ""
     num_tokens: int = 0
     finish_reason: str | None = None
@@ -472,14 +473,15 @@ class SimEngine:
         stops: tuple[str, ...],
         index: int = 0,
         event: asyncio.Event | None = None,
+        sample: int = 0,
     ) -> _Stream:
         wall = self._loop_time
         request_id = f"{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         try:
-            req = self.core.add_request(request_id, prompt_ids, params, self._modelled(wall), sample=index)
+            req = self.core.add_request(request_id, prompt_ids, params, self._modelled(wall), sample=sample)
         except EngineError as e:
             raise ApiError(400, str(e), param="max_tokens" if "needs" in str(e) else None) from e
-        stream = _Stream(req, stops, wall, index=index)
+        stream = _Stream(req, stops, wall, index=index, sample=sample)
         if event is not None:
             stream.event = event
         self._streams[request_id] = stream
@@ -491,17 +493,20 @@ class SimEngine:
         try:
             self._check_serving()
             body = await _json_body(request)
-            prompt_ids, params, stops, n = self._parse(body, kind)
+            prompts, params, stops, n = self._parse(body, kind)
             stream_mode = _get(body, "stream", bool, False)
             include_usage = bool((_get(body, "stream_options", dict, None) or {}).get("include_usage", False))
             self._count_request()
             if n > 1 and self.personality == PERSONALITY_SGLANG:
-                await self._prefill_first(prompt_ids)
-            # vLLM V1 fans a request of n samples out into n requests to its scheduler
-            # (vllm/v1/engine/parallel_sampling.py, ParentRequest); they share one wake-up here
+                for prompt_ids in prompts:
+                    await self._prefill_first(prompt_ids)
+            # vLLM makes each prompt of a batch a request of its own, and V1 fans a request of n samples out into
+            # n requests to its scheduler (vllm/v1/engine/parallel_sampling.py, ParentRequest); choice
+            # prompt * n + sample (serving_completion.py). They share one wake-up here.
             shared = asyncio.Event()
-            for index in range(n):
-                streams.append(self._admit(prompt_ids, params, stops, index, shared))
+            for p, prompt_ids in enumerate(prompts):
+                for sample in range(n):
+                    streams.append(self._admit(prompt_ids, params, stops, p * n + sample, shared, sample))
         except ApiError as e:
             self._abort_unfinished(streams)
             return e.response(self.personality)
@@ -546,7 +551,10 @@ class SimEngine:
             if isinstance(body.get("text"), str):
                 prompt_ids = self.tokenizer.encode(body["text"])
             elif body.get("input_ids") is not None:
-                prompt_ids = self._completion_prompt(body["input_ids"])
+                input_ids = body["input_ids"]
+                if not _is_token_ids(input_ids):
+                    raise ApiError(400, "input_ids must be a list of token ids", param="input_ids")
+                prompt_ids = self._prompt_ids(input_ids)
             else:
                 raise ApiError(400, "give either text (a string) or input_ids", param="text")
             sampling = _get(body, "sampling_params", dict, {})
@@ -621,10 +629,10 @@ class SimEngine:
         }
 
     def _usage(self, streams: list[_Stream]) -> dict[str, Any]:
-        """The answer's usage: the prompt counted once, the completion summed over its choices (vLLM's
+        """The answer's usage: each prompt counted once, the completion summed over the choices (vLLM's
         serving_completion.py and serving_chat.py: ``sum(len(output.token_ids) for output in outputs)``)."""
         first = streams[0]
-        prompt = first.request.num_prompt_tokens
+        prompt = sum(s.request.num_prompt_tokens for s in streams if s.sample == 0)
         completion = sum(s.num_tokens for s in streams)
         usage: dict[str, Any] = {
             "prompt_tokens": prompt,
@@ -750,8 +758,9 @@ class SimEngine:
 
     def _parse(
         self, body: dict[str, Any], kind: str
-    ) -> tuple[list[int], SamplingParams, tuple[str, ...], int]:
-        """The prompt's token ids, the sampling parameters, the stop strings and ``n``, the number of choices."""
+    ) -> tuple[list[list[int]], SamplingParams, tuple[str, ...], int]:
+        """The token ids of each prompt (a chat has one, a completion one or a batch), the sampling parameters,
+        the stop strings and ``n``, the choices per prompt."""
         model = body.get("model")
         if model is not None and model not in self.model_names:
             raise ApiError(404, f"The model `{model}` does not exist.", param="model", kind="NotFoundError")
@@ -778,31 +787,16 @@ class SimEngine:
                 max_tokens = _get(body, "max_tokens", int, None)
             if max_tokens is None:  # vLLM: whatever the context window leaves
                 max_tokens = max(1, self.core.config.max_model_len - len(prompt_ids))
+            prompts = [prompt_ids]
         else:
-            prompt_ids = self._completion_prompt(body.get("prompt"))
+            prompts = self._completion_prompts(body.get("prompt"))
             max_tokens = _get(body, "max_tokens", int, None)
             if max_tokens is None:
                 max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
-        if not prompt_ids:
-            raise ApiError(400, "the prompt is empty", param="prompt" if kind != "chat" else "messages")
-        limit = self.core.config.max_model_len
-        if len(prompt_ids) >= limit:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, your prompt has "
-                f"{len(prompt_ids)} tokens. Please reduce the length of the prompt.",
-                param="messages" if kind == "chat" else "prompt",
-            )
         if max_tokens < 1:
             raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
-        if len(prompt_ids) + max_tokens > limit:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, {max_tokens} in the "
-                f"completion). Please reduce the length of the prompt or completion.",
-                param="max_tokens",
-            )
+        for prompt_ids in prompts:
+            self._check_fits(prompt_ids, max_tokens, kind)
         min_tokens = _get(body, "min_tokens", int, 0)
         if not 0 <= min_tokens <= max_tokens:
             raise ApiError(
@@ -813,7 +807,28 @@ class SimEngine:
             if key in body and body[key] is not None and not isinstance(body[key], int | float):
                 raise ApiError(400, f"{key} must be a number", param=key)
         ignore_eos = _get(body, "ignore_eos", bool, False)
-        return prompt_ids, SamplingParams(max_tokens, min_tokens, ignore_eos), stops, n
+        return prompts, SamplingParams(max_tokens, min_tokens, ignore_eos), stops, n
+
+    def _check_fits(self, prompt_ids: list[int], max_tokens: int, kind: str) -> None:
+        """The prompt and its answer fit the context window (vLLM checks each prompt of a batch)."""
+        if not prompt_ids:
+            raise ApiError(400, "the prompt is empty", param="prompt" if kind != "chat" else "messages")
+        limit = self.core.config.max_model_len
+        if len(prompt_ids) >= limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                f"{len(prompt_ids)} tokens. Please reduce the length of the prompt.",
+                param="messages" if kind == "chat" else "prompt",
+            )
+        if len(prompt_ids) + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, {max_tokens} in the "
+                f"completion). Please reduce the length of the prompt or completion.",
+                param="max_tokens",
+            )
 
     def _sample_count(self, body: dict[str, Any]) -> int:
         """``n``, as vLLM checks it (vllm/sampling_params.py, ``SamplingParams._verify_args`` and
@@ -835,26 +850,29 @@ class SimEngine:
             raise ApiError(400, f"n must be 1 when using greedy sampling, got {n}.", param="n")
         return n
 
-    def _completion_prompt(self, prompt: Any) -> list[int]:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+    def _completion_prompts(self, prompt: Any) -> list[list[int]]:
+        """A completion's prompts: one (a string or a list of token ids) or a batch (a list of either), as vLLM's
+        renderer takes them (``render_prompt_and_embeds``); each prompt of a batch is answered on its own."""
+        if isinstance(prompt, str) or _is_token_ids(prompt):
+            return [self._prompt_ids(prompt)]
         if (
             isinstance(prompt, list)
             and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+            and all(isinstance(p, str) or _is_token_ids(p) for p in prompt)
         ):
-            vocab = self.tokenizer.vocab_size
-            bad = [t for t in prompt if not 0 <= t < vocab]
-            if bad:
-                raise ApiError(400, f"token id {bad[0]} is out of vocabulary (size {vocab})", param="prompt")
-            return list(prompt)
-        if isinstance(prompt, list) and len(prompt) > 1:
-            raise ApiError(
-                400, "batched prompts are not supported; send one prompt per request", param="prompt"
-            )
-        raise ApiError(400, "prompt must be a string or a list of token ids", param="prompt")
+            return [self._prompt_ids(p) for p in prompt]
+        raise ApiError(
+            400, "prompt must be a string, a list of token ids, or a list of either (a batch)", param="prompt"
+        )
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        vocab = self.tokenizer.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(400, f"token id {bad[0]} is out of vocabulary (size {vocab})", param="prompt")
+        return list(prompt)
 
     # --- handlers -------------------------------------------------------------------------------------------
     async def handle_completions(self, request: web.Request) -> web.StreamResponse:
@@ -1135,6 +1153,14 @@ def _pydantic_bool(body: dict[str, Any], key: str, default: bool) -> bool:
     if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
         return value.lower() in _TRUE
     raise _validation_error(f"{key}: Input should be a valid boolean")
+
+
+def _is_token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
 
 
 def _get(body: dict[str, Any], key: str, kind: type, default: Any) -> Any:

@@ -454,3 +454,22 @@ async def test_sglang_prefills_the_prompt_once_before_its_samples(start_engine, 
         cached_tokens(answer["usage"]) == prompt_tokens - 1
     )  # page size 1: all but the token it samples from
     assert engine.core.prefix_cache_hits == 2 * (prompt_tokens - 1)
+
+
+async def test_a_batch_of_prompts_is_answered_prompt_by_prompt_n_choices_each(start_engine, http):
+    """vLLM's completions take a list of prompts (strings or token ids): each is a request of its own, its
+    choices numbered prompt * n + sample, and the usage sums every prompt and every answer."""
+    engine = await start_engine(time_scale=0.05)
+    first, second = engine.tokenizer.encode("the first prompt " * 20), [5, 6, 7, 8, 9]
+    body = {"prompt": [first, second], "max_tokens": 6, "ignore_eos": True, "n": 2}
+    async with http.post(engine.url + "/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        answer = await r.json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2, 3]
+    assert answer["usage"]["prompt_tokens"] == len(first) + len(second)
+    assert answer["usage"]["completion_tokens"] == 4 * 6
+    m = await scrape(http, engine.url)
+    assert m["vllm:request_success_total{length}"] == 4
+    async with http.post(engine.url + "/v1/completions", json={"prompt": ["fine", 42]}) as r:
+        assert r.status == 400
+        assert (await r.json())["error"]["param"] == "prompt"
