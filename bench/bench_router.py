@@ -68,6 +68,10 @@ labelled floor row (bench/passthrough_proxy.py: what the HTTP stack alone adds).
 JSON line.
 
 BENCH_QUICK=1: shorter runs (same comparison).
+The results file (bench/results/router.json, or router-llm-d / router-mixed-fleet) is written after each workload,
+each workload with the run record of the run that measured it (``part_runs``; results_io.merge_parts): a run
+stopped half way keeps what it finished and leaves the other workloads as an earlier run measured them. A run that
+ends drops the workloads it did not run, unless BENCH_MERGE=1 (bring a file up to date a few workloads at a time).
 BENCH_TRACE=<file>: also append one JSON line per open-loop request (policy/workload/round, when it was sent on the
 monotonic clock, its TTFT, the replica tokenyard chose from the x-tokenyard-replica header, the prompt's first 60
 characters): what a tail is made of (for example which documents went cold where), not a figure of the table.
@@ -91,7 +95,7 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
-from results_io import write_results
+from results_io import merge_parts, read_results, run_record, write_results
 from router_peers import (
     OTHER_POLICIES,
     READINESS_PATH,
@@ -117,6 +121,7 @@ from tokenyard.router.proxy import carries_token
 from tokenyard.sim.model import MAX_NUM_SEQS as SIM_MAX_NUM_SEQS
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
+MERGE = os.environ.get("BENCH_MERGE") == "1"
 ENGINES = int(os.environ.get("BENCH_ENGINES", "8"))
 TIME_SCALE = float(os.environ.get("BENCH_TIME_SCALE", "10.0"))  # served seconds per modelled second
 KV_BLOCKS = int(os.environ.get("BENCH_KV_BLOCKS", "2048"))  # per engine (16 tokens each)
@@ -1068,6 +1073,7 @@ async def main() -> None:
             capacity = await calibrate(session, engines, ALL_WORKLOADS["shared_prefix_70"])
             print(FLEET.describe(capacity), flush=True)
             results: dict[str, dict[str, dict[str, float]]] = {}
+            measured: dict[str, dict] = {}  # workload -> the run record when it was measured
             print(
                 f"TTFT, hit rate and imbalance: open loop (Poisson arrivals at the rate shown), {ROUNDS} rounds "
                 f"of {RUN_SECONDS / ROUNDS:.0f}s per policy; out tok/s: closed loop (the clients shown, each "
@@ -1130,8 +1136,12 @@ async def main() -> None:
                         f"(decode_bound_tok_s: every prompt cached, even batches, no wait); reached: {shares}",
                         flush=True,
                     )
+                measured[workload] = run_record()
+                save_results(results, measured, keep_others=True)
             if os.environ.get("BENCH_OVERHEAD", "1") != "0":  # "0": quick experiments on a few workloads
                 results["overhead"] = await overhead(session, engines)
+                measured["overhead"] = run_record()
+                save_results(results, measured, keep_others=True)
                 ours = results["overhead"]["tokenyard"]
                 for name, o in results["overhead"].items():
                     ratio = ""
@@ -1149,21 +1159,32 @@ async def main() -> None:
                     )
     finally:
         FLEET.stop()
+    print(json.dumps(results_payload(results)))
+    save_results(results, measured, keep_others=MERGE)
+
+
+def results_payload(results: dict) -> dict:
     # which rows are a peer tuned on the tuning workloads, and which are extra tokenyard configurations (labelled
     # as such in bench/report.py's table, never the headline)
-    final = {
+    return {
         "bench": "router",
         "engine": ENGINE_KIND,
         "tuned_peers": [SGLANG_TUNED],
         "tokenyard_variants": list(VARIANTS),
         "results": results,
     }
-    print(json.dumps(final))
+
+
+def save_results(results: dict, measured: dict[str, dict], keep_others: bool) -> None:
+    """Writes the workloads measured so far, each with its run record; ``keep_others``: also the workloads of
+    the file already there that this run has not measured (with their own records)."""
     # a run on other engines, or on a mixed fleet, must not overwrite the figures of the default fleet
     if ENGINE_KIND != "tokenyard-sim":
-        write_results("router-llm-d", final)
+        name = "router-llm-d"
     else:
-        write_results("router-mixed-fleet" if MIXED_FLEET else "router", final)
+        name = "router-mixed-fleet" if MIXED_FLEET else "router"
+    previous = read_results(name) if keep_others else None
+    write_results(name, merge_parts(previous, results_payload(results), measured))
 
 
 if __name__ == "__main__":

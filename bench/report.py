@@ -152,6 +152,18 @@ def router_kind(policy: str, payload: dict) -> str:
     return "peer"
 
 
+def part_line(payload: dict, part: str) -> str:
+    """Which run measured one part of a file written part by part (results_io.merge_parts); "" for a file
+    written whole, whose run line says it all."""
+    record = (payload.get("part_runs") or {}).get(part)
+    if not isinstance(record, dict):
+        return ""
+    commit = (record.get("commit") or "unknown commit")[:12]
+    if record.get("uncommitted_changes"):
+        commit += " with uncommitted changes"
+    return f"Measured {record.get('date', 'undated')} at {commit}.\n\n"
+
+
 def router_section(payload: dict, out: Path) -> Section:
     section = Section()
     results = payload.get("results", {})
@@ -183,7 +195,7 @@ def router_section(payload: dict, out: Path) -> Section:
             )
         header = ["policy", "row", "TTFT p50 s", "TTFT p99 s", "tokenyard ÷ this, p99", "output tok/s"]
         header += ["tokenyard ÷ this, tok/s", "prefix hit rate", "errors"]
-        section.blocks.append(f"### {workload}\n\n" + table(header, rows))
+        section.blocks.append(f"### {workload}\n\n" + part_line(payload, workload) + table(header, rows))
         kinds = {policy: router_kind(policy, payload) for policy in policies}
         plot = plot_ttft_cdf(workload, policies, kinds, out / ROUTER_PLOT.format(workload=workload))
         if plot:
@@ -206,7 +218,9 @@ def router_section(payload: dict, out: Path) -> Section:
             for name, o in ((n, overhead[n]) for n in shipped_first(overhead))
         ]
         header = ["router", "added p50 ms", "added p99 ms", "tokenyard ÷ this, p99", "max req/s"]
-        section.blocks.append("### router overhead (one hop)\n\n" + table(header, rows))
+        section.blocks.append(
+            "### router overhead (one hop)\n\n" + part_line(payload, "overhead") + table(header, rows)
+        )
     return section
 
 

@@ -5,6 +5,12 @@ one it prints last) plus a ``run`` record of what shaped it -- the UTC date, the
 working tree had uncommitted changes) and every ``BENCH_*`` environment variable. The results directory is
 ``BENCH_RESULTS_DIR`` when set (a quick run written elsewhere does not overwrite the official figures),
 ``bench/results`` otherwise.
+
+A benchmark whose figures come in parts, each measured side by side within itself (bench-router's workloads:
+every policy of a workload runs in the same rounds), may write each part as it is done and keep the parts of an
+earlier file that this run did not measure (``merge_parts``), each part with the record of the run that measured
+it. A long run stopped half way then loses nothing it finished, and a results file can be brought up to date
+part by part without ever comparing figures of two runs with each other.
 """
 
 from __future__ import annotations
@@ -54,6 +60,34 @@ def run_record(environ: Mapping[str, str] = os.environ, now: datetime.datetime |
             if key.startswith("BENCH_") and key != RESULTS_DIR_VARIABLE
         },
     }
+
+
+PARTS_RUNS = "part_runs"  # part name -> run record of the run that measured it
+
+
+def read_results(name: str) -> dict | None:
+    """The results file ``<results dir>/<name>.json`` as it is, or None when there is none."""
+    path = results_dir() / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def merge_parts(previous: Mapping | None, payload: Mapping, measured: Mapping[str, Mapping]) -> dict:
+    """``payload`` (its ``results`` keyed by part, ``measured`` the run record of each part this run measured)
+    with every part of ``previous`` that this run did not measure, carried with the record of the run that
+    measured it (its own ``part_runs`` entry, else the whole file's ``run``). Parts measured now replace theirs.
+    Pure: the caller reads and writes the files."""
+    results = dict(payload.get("results", {}))
+    runs = {part: dict(record) for part, record in measured.items()}
+    if previous:
+        old_runs = previous.get(PARTS_RUNS) or {}
+        for part, figures in (previous.get("results") or {}).items():
+            if part in results:
+                continue
+            results[part] = figures
+            record = old_runs.get(part) or previous.get("run")
+            if record is not None:
+                runs[part] = record
+    return {**payload, "results": results, PARTS_RUNS: runs}
 
 
 def write_results(name: str, payload: Mapping) -> Path:

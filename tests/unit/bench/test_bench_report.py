@@ -368,3 +368,37 @@ def test_router_kinds_tell_the_hop_free_balancers_from_round_robin_through_a_pro
     assert report.router_kind("sglang:round_robin", payload) == "peer, round robin through its proxy"
     assert report.router_kind("sglang:threshold_0.6", payload) == "peer, tuned"
     assert report.router_kind("ty_asyncio", payload) == "tokenyard variant (extra)"
+
+
+def test_parts_measured_by_other_runs_are_kept_with_their_own_run_record():
+    """bench-router writes each workload as it finishes: a file brought up to date part by part names, for each
+    workload, the run that measured it, and figures of two runs are never mixed within one workload."""
+    older_run = {**RUN, "date": "2026-12-03T23:00:00Z", "commit": "aaaa"}
+    previous = {
+        "bench": "router",
+        "results": {"no_sharing": {"tokenyard": {"ttft_p99_s": 0.3}}, "overhead": {"tokenyard": {}}},
+        "run": older_run,
+    }
+    now = {**RUN, "commit": "bbbb"}
+    payload = {"bench": "router", "results": {"no_sharing": {"tokenyard": {"ttft_p99_s": 0.2}}}}
+    merged = results_io.merge_parts(previous, payload, {"no_sharing": now})
+    assert merged["results"]["no_sharing"] == {"tokenyard": {"ttft_p99_s": 0.2}}  # measured now: replaced
+    assert merged["results"]["overhead"] == {"tokenyard": {}}  # not measured now: kept
+    assert merged["part_runs"] == {"no_sharing": now, "overhead": older_run}
+    # written part by part again later, the kept part keeps the record of the run that measured it
+    again = results_io.merge_parts(merged, {"bench": "router", "results": {}}, {})
+    assert again["part_runs"]["overhead"] == older_run and again["part_runs"]["no_sharing"] == now
+    # no earlier file: only what was measured
+    assert results_io.merge_parts(None, payload, {"no_sharing": now})["part_runs"] == {"no_sharing": now}
+
+
+def test_a_router_file_written_part_by_part_names_the_run_of_each_workload(tmp_path):
+    payload = router_payload()
+    payload["part_runs"] = {
+        "shared_prefix_70": {**RUN, "commit": "cafe0123456789", "date": "2026-12-07T21:00:00Z"}
+    }
+    write(tmp_path, "router", payload)
+    markdown = report.write_report(tmp_path)[0].read_text()
+    section = markdown.split("### shared_prefix_70")[1].split("###")[0]
+    assert "Measured 2026-12-07T21:00:00Z at cafe01234567." in section
+    assert "Measured" not in markdown.split("### router overhead")[1]  # no record for it: the run line holds
