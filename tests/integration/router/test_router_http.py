@@ -364,14 +364,9 @@ async def test_a_request_for_n_answers_holds_n_places_on_its_replica_until_they_
     engine counts four running."""
     fleet = await engines(2, time_scale=0.5)
     server = await router(backends_of(fleet))
-    body = {
-        "model": MODEL,
-        "prompt": "four takes on one prompt",
-        "max_tokens": 60,
-        "ignore_eos": True,
-        "n": 4,
-    }
-    answered = asyncio.create_task(complete(http, server, body.pop("prompt"), **body))
+    answered = asyncio.create_task(
+        complete(http, server, "four takes on one prompt", max_tokens=60, ignore_eos=True, n=4)
+    )
 
     def four_in_flight_and_running() -> bool:
         (load,) = server.state.ledger.snapshot().values() or (None,)
