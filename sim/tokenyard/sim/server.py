@@ -73,9 +73,8 @@ SGLANG_VERSION = "0.5.5-tokenyard-sim"  # what SGLang's /get_server_info reports
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 GEN_THROUGHPUT_WINDOW_S = 5.0  # sglang:gen_throughput is measured over the last few seconds
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default, which vLLM keeps
-MAX_N_SEQUENCES = (
-    16384  # vLLM's VLLM_MAX_N_SEQUENCES default (vllm/envs.py): the most choices one request asks
-)
+# vLLM's VLLM_MAX_N_SEQUENCES default (vllm/envs.py): the most choices one request may ask for
+MAX_N_SEQUENCES = 16384
 GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 DRAIN_TIMEOUT_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 # How far the virtual clock may lag the event loop and still catch up (late timer wake-ups on a busy machine);
