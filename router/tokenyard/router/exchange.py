@@ -229,7 +229,8 @@ class RoutedRequest:
                 self.usage_output_tokens = output_tokens
             details = usage.get("prompt_tokens_details") if usage else None
             cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
-            if _is_count(cached_tokens) and self.route is not None:
+            # the engines report the first prompt's cached tokens, which says nothing of a batch's joined text
+            if _is_count(cached_tokens) and self.route is not None and self.request.prompts == 1:
                 self.forwarder.state.learn_cached_tokens(self.route, cached_tokens)
             return
 

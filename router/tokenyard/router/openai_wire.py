@@ -46,6 +46,7 @@ class InferenceRequest:
     # sequence of its own on the engine (vLLM fans a request out into n requests to its scheduler, SGLang runs n
     # after one prefill): one slot of the batch and one answer's decode each.
     samples: int = 1
+    prompts: int = 1  # a completion's batch of prompts, hashed as one text (prompt_of)
     messages: tuple[Mapping[str, Any], ...] | None = None  # chat requests only
     greedy: bool = False  # temperature 0: a shadow copy's output is compared with the primary's
     # Seconds the client still waits when the request arrives (a gRPC deadline); None: no deadline. The
@@ -168,6 +169,7 @@ def request_from_body(
         output_cap=cap,
         stream=body.get("stream") is True,
         samples=prompts_in(body) * samples_of(body),
+        prompts=prompts_in(body),
         messages=tuple(messages) if isinstance(messages, list) else None,
         greedy=is_greedy(body),
         deadline_s=deadline_s,

@@ -807,6 +807,27 @@ async def test_the_cached_tokens_an_engine_reports_correct_the_prefix_index(engi
     assert r.state.route(MODEL, prompt, 8, now=r.clock()).prefix_match_tokens >= 160
 
 
+async def test_a_batch_of_prompts_leaves_the_prefix_index_as_it_is_whatever_cached_count_comes_back(
+    engines, router
+):
+    """The engines' cached tokens are the batch's first prompt's; the index holds the batch's joined text."""
+    (engine,) = await engines(FakeEngine())
+    r = router([Endpoint("e0", engine.url)])
+    r.state.settings.prefix_feedback = True
+    batch = [PROMPT * 4, "a second prompt of the batch " * 8]
+    request = completion(prompt=batch, stream_options={"include_usage": True})
+    usage = {"prompt_tokens": 200, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}
+    for _ in range(2):  # the second time the index predicts a hit on the whole batch
+        async with r.forwarder.exchange(request) as exchange:
+            engine.send(
+                event("x"), b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n", END
+            )
+            async for _ in exchange.stream():
+                pass
+    assert exchange.route.prefix_match_tokens > 0
+    assert r.state.prefix_corrections == 0
+
+
 # --- the HTTP front over an exchange ------------------------------------------------------------------------
 
 

@@ -252,13 +252,13 @@ def test_the_answers_asked_for_are_n_when_it_is_a_positive_integer(n, samples):
 
 
 @pytest.mark.parametrize(
-    ("prompt", "n", "samples"),
-    [(["a", "b", "c"], None, 3), ([[1, 2], [3]], 2, 4), ([1, 2, 3], 2, 2), ("one", 3, 3)],
+    ("prompt", "n", "prompts", "samples"),
+    [(["a", "b", "c"], None, 3, 3), ([[1, 2], [3]], 2, 2, 4), ([1, 2, 3], 2, 1, 2), ("one", 3, 1, 3)],
 )
-def test_a_batch_of_prompts_asks_n_answers_for_each(prompt, n, samples):
+def test_a_batch_of_prompts_asks_n_answers_for_each(prompt, n, prompts, samples):
     body = {"model": "m", "prompt": prompt, **({} if n is None else {"n": n})}
     request = parse_request(COMPLETIONS_PATH, json.dumps(body).encode(), default_max_tokens=16)
-    assert request.samples == samples
+    assert (request.prompts, request.samples) == (prompts, samples)
 
 
 def test_a_batch_mixing_strings_and_token_ids_is_refused_with_what_a_prompt_may_be():
