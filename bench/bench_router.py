@@ -42,7 +42,7 @@ then falls on all policies alike instead of deciding one policy's tail).
 
 Figures, per workload and policy:
 - ttft_p50_s / ttft_p99_s: client-side time to first token in the open-loop phase (Poisson arrivals at the
-  workload's rate, RUN_SECONDS in all per policy);
+  workload's rate, RUN_SECONDS in all per policy, or long enough for MIN_REQUESTS per policy);
 - output_tok_s: output tokens per second delivered in the closed-loop phase: after each round's open loop,
   level x CLOSED_CLIENTS_PER_ENGINE x ENGINES clients (level = 0.70 or 0.95, the workload's share of
   capacity), each sending its next request as soon as its last one ended (multi_turn: each client joins its
@@ -108,6 +108,7 @@ from router_workloads import (
     OUTPUT_TOKENS,
     Request,
     Workload,
+    open_loop_seconds,
     open_requests,
     poisson_times,
     shared_prefix_body,
@@ -126,6 +127,8 @@ ENGINES = int(os.environ.get("BENCH_ENGINES", "8"))
 TIME_SCALE = float(os.environ.get("BENCH_TIME_SCALE", "10.0"))  # served seconds per modelled second
 KV_BLOCKS = int(os.environ.get("BENCH_KV_BLOCKS", "2048"))  # per engine (16 tokens each)
 RUN_SECONDS = float(os.environ.get("BENCH_RUN_SECONDS", "15" if QUICK else "45"))  # open loop, all rounds
+# ... or longer, for a low-rate workload to send each policy this many requests (router_workloads.open_loop_seconds)
+MIN_REQUESTS = int(os.environ.get("BENCH_MIN_REQUESTS", "0" if QUICK else "600"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "3"))
 # Closed-loop windows of 12 s per round: at ~6.7 s (20 s over 3 rounds, until 2026-12-03) a round's tokens/s
 # swung more than the policies differ (zipf_tenants: tokenyard 541/357/459 against sglang-router's 535/685/573
@@ -988,7 +991,7 @@ async def run_workload(
                 policy,
                 workload,
                 rate,
-                RUN_SECONDS / ROUNDS,
+                open_loop_seconds(rate, RUN_SECONDS, ROUNDS, MIN_REQUESTS),
                 round_index,
                 closed_clients,
             )
@@ -1076,7 +1079,8 @@ async def main() -> None:
             measured: dict[str, dict] = {}  # workload -> the run record when it was measured
             print(
                 f"TTFT, hit rate and imbalance: open loop (Poisson arrivals at the rate shown), {ROUNDS} rounds "
-                f"of {RUN_SECONDS / ROUNDS:.0f}s per policy; out tok/s: closed loop (the clients shown, each "
+                f"of {RUN_SECONDS / ROUNDS:.0f}s per policy (longer where a workload's rate would send a policy fewer "
+                f"than {MIN_REQUESTS} requests in all); out tok/s: closed loop (the clients shown, each "
                 f"sending its next request when its last ended), counted over {ROUNDS} windows of "
                 f"{CLOSED_SECONDS / ROUNDS:.1f}s, each after a {CLOSED_WARMUP_SECONDS:.0f}s warm-up, one per round",
                 flush=True,
@@ -1099,6 +1103,12 @@ async def main() -> None:
                     print("held-out families (the defaults were not chosen on these):", flush=True)
                 rate = spec.level * own
                 clients = closed_clients(spec.level)
+                per_round = open_loop_seconds(rate, RUN_SECONDS, ROUNDS, MIN_REQUESTS)
+                if per_round > RUN_SECONDS / ROUNDS:
+                    print(
+                        f"{name}: {per_round:.0f}s of open loop per round, for {MIN_REQUESTS} requests",
+                        flush=True,
+                    )
                 runs = await run_workload(session, engines, spec, rate, clients)
                 workload = name
                 # the decode bound comes from tokenyard.sim's step model of one GPU: none for another engine, nor

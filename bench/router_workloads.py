@@ -179,6 +179,16 @@ def mixed_lengths_body(rng: random.Random, progress: float) -> dict:
 BodyMaker = Callable[[random.Random, float], dict]  # (rng, progress through the run in [0, 1)) -> body
 
 
+def open_loop_seconds(rate: float, run_seconds: float, rounds: int, min_requests: int) -> float:
+    """Seconds of open loop per round at ``rate`` requests/s: ``run_seconds`` over the rounds, or longer where that
+    would send a policy fewer than ``min_requests`` in all. At a few requests a second, 45 s make the p99 the
+    two or three slowest requests of a policy (mixed_lengths on tokenyard.sim sent ~230, on llm-d 108), which
+    one unlucky request decides."""
+    if rate <= 0:
+        raise ValueError(f"the open loop's rate must be positive, got {rate}")
+    return max(run_seconds, min_requests / rate) / rounds
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str

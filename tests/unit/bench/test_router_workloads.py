@@ -3,12 +3,14 @@
 import random
 import statistics
 
+import pytest
 from router_workloads import (
     MIXED_PROMPT_MEDIAN,
     MIXED_PROMPT_RANGE,
     OUTPUT_CAP,
     WORKLOADS,
     mixed_lengths_body,
+    open_loop_seconds,
 )
 
 PREFIX_WORDS = 2  # "Conversation <number>." before the drawn words
@@ -30,3 +32,11 @@ def test_mixed_lengths_lets_the_reply_end_by_itself_and_is_held_out():
     body = mixed_lengths_body(random.Random(1), 0.0)
     assert body["ignore_eos"] is False and body["max_tokens"] == OUTPUT_CAP
     assert not WORKLOADS["mixed_lengths"].tuning
+
+
+def test_a_low_rate_workload_runs_long_enough_for_its_minimum_of_requests():
+    assert open_loop_seconds(20.0, 45.0, 3, 600) == 15.0  # 900 requests in 45 s: the run's own length
+    assert open_loop_seconds(4.0, 45.0, 3, 600) == 50.0  # 150 s in all for 600 requests at 4/s
+    assert open_loop_seconds(4.0, 45.0, 3, 0) == 15.0
+    with pytest.raises(ValueError, match="rate must be positive"):
+        open_loop_seconds(0.0, 45.0, 3, 600)
