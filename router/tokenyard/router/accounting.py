@@ -220,10 +220,10 @@ class LoadLedger:
         samples: int = 1,
     ) -> Ticket:
         """``decode_tokens``: what all ``samples`` answers are charged (the request's ``n``; each also counts
-        as a request in flight). ``slot_free``: the replica had a batch slot free for it as far as the router knew (False: it may
-        wait for one, and its time to first token says nothing about how the engine prefills). ``output`` and
-        ``output_cap``: the model's answer lengths and the request's max_tokens, to recharge its decode by age
-        (Ticket.output)."""
+        as a request in flight). ``slot_free``: the replica had a batch slot free for it as far as the router
+        knew (False: it may wait for one, and its time to first token says nothing about how the engine
+        prefills). ``output`` and ``output_cap``: the model's answer lengths and the request's max_tokens, to
+        recharge its decode by age (Ticket.output)."""
         if prefill_tokens < 0 or decode_tokens < 0:
             raise ValueError(
                 f"token counts must be >= 0, got prefill={prefill_tokens} decode={decode_tokens}"

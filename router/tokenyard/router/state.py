@@ -52,6 +52,8 @@ MIN_ROUTING_BLOCK_TOKENS = 8
 
 
 DEFAULT_CAPACITY_TOKENS = DEFAULT_CAPACITY_BLOCKS * DEFAULT_BLOCK_SIZE  # until a replica reports its own
+# A request of n answers teaches at most this many answers of their mean length (learn_output_tokens).
+MAX_ANSWERS_LEARNED_AT_ONCE = 8
 
 # An engine's report and the router's prediction differ a little even when the index is right: the engine
 # matches whole blocks of its own size, the router counts its own blocks (character blocks whose size in tokens
@@ -265,10 +267,11 @@ class RouterState:
         """A request of ``model`` ended well after ``output_tokens`` output tokens (``reached_cap``: it stopped
         at the cap its client set, so the model would have written on). ``samples``: the answers those tokens
         were spread over (its ``n``; the engines' usage sums them); each is learned as one answer of their mean
-        length, capped only when all of them reached the cap."""
+        length, capped only when all of them reached the cap, and at most MAX_ANSWERS_LEARNED_AT_ONCE of them:
+        their mean is one figure, and a thousand copies of it would crowd out every length seen before."""
         lengths = self.output_length_for(model)
         mean = round(output_tokens / samples)
-        for _ in range(samples):
+        for _ in range(min(samples, MAX_ANSWERS_LEARNED_AT_ONCE)):
             lengths.observe(mean, reached_cap)
 
     def learn_prompt_tokens(self, model: str, prompt_bytes: int, prompt_tokens: int) -> None:

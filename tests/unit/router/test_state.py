@@ -9,7 +9,13 @@ from tokenyard.router.discovery import ConfigError, Endpoint, ModelView, Shadow
 from tokenyard.router.enginestats import EngineStats, parse_engine_metrics
 from tokenyard.router.learned_sizes import CAP_CONFIRMATIONS, FLEET_CAP_REPLICAS
 from tokenyard.router.openai_wire import prompt_of, render_chat
-from tokenyard.router.state import RouterSettings, RouterState, RoutingError, routing_block_size
+from tokenyard.router.state import (
+    MAX_ANSWERS_LEARNED_AT_ONCE,
+    RouterSettings,
+    RouterState,
+    RoutingError,
+    routing_block_size,
+)
 
 PROMPT = "shared system prompt " * 100
 
@@ -455,3 +461,14 @@ def test_with_a_decode_horizon_only_that_much_of_each_answer_left_is_load():
     assert state.snapshot(state.models["m"].endpoints[0], 0.3).outstanding_tokens == 5  # 5 left, all counted
     state.ledger.close(route.ticket)
     assert state.snapshot(state.models["m"].endpoints[0], 0.4).outstanding_tokens == 0
+
+
+def test_a_request_of_many_answers_teaches_a_few_answers_of_their_mean_not_one_per_answer():
+    state = RouterState()
+    state.learn_output_tokens("m", 30, samples=3)
+    assert state.output_length_for("m").observations == 3
+    state.learn_output_tokens(
+        "m", 50_000, samples=1_000
+    )  # one figure, the mean: it must not crowd out the rest
+    lengths = state.output_length_for("m")
+    assert lengths.observations == 3 + MAX_ANSWERS_LEARNED_AT_ONCE
