@@ -977,9 +977,9 @@ async def run_slice(
 
 
 async def run_workload(
-    session, engines, workload: Workload, rate: float, closed_clients: int
+    session, engines, workload: Workload, rate: float, seconds: float, closed_clients: int
 ) -> dict[str, PolicyRun]:
-    """ROUNDS rounds; in each, every policy gets the same arrivals, in an order rotated round by round, so that
+    """ROUNDS rounds of ``seconds`` of open loop each; in each, every policy gets the same arrivals, in an order rotated round by round, so that
     a burst of load from other processes on the machine falls on all policies alike rather than on one."""
     runs: dict[str, PolicyRun] = {}
     for round_index in range(ROUNDS):
@@ -991,7 +991,7 @@ async def run_workload(
                 policy,
                 workload,
                 rate,
-                open_loop_seconds(rate, RUN_SECONDS, ROUNDS, MIN_REQUESTS),
+                seconds,
                 round_index,
                 closed_clients,
             )
@@ -1109,7 +1109,7 @@ async def main() -> None:
                         f"{name}: {per_round:.0f}s of open loop per round, for {MIN_REQUESTS} requests",
                         flush=True,
                     )
-                runs = await run_workload(session, engines, spec, rate, clients)
+                runs = await run_workload(session, engines, spec, rate, per_round, clients)
                 workload = name
                 # the decode bound comes from tokenyard.sim's step model of one GPU: none for another engine, nor
                 # for a mixed fleet

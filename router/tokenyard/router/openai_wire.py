@@ -160,6 +160,7 @@ def request_from_body(
     prompt = prompt_of(body)
     messages = body.get("messages")
     cap = max_tokens_of(body)
+    prompts = prompts_in(body)
     return InferenceRequest(
         model=model,
         path=path,
@@ -168,8 +169,8 @@ def request_from_body(
         expected_output_tokens=cap or default_max_tokens,
         output_cap=cap,
         stream=body.get("stream") is True,
-        samples=prompts_in(body) * samples_of(body),
-        prompts=prompts_in(body),
+        samples=prompts * samples_of(body),
+        prompts=prompts,
         messages=tuple(messages) if isinstance(messages, list) else None,
         greedy=is_greedy(body),
         deadline_s=deadline_s,
