@@ -75,6 +75,18 @@ DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated", "freeSlo
 # shared_prefix_95 TTFT p90 0.435 -> 0.418 s and p99 0.612 -> 0.458 s (engine hit rate 0.771 -> 0.823), multi_turn
 # p90 0.142 -> 0.156 s, p99 0.190 -> 0.182 s, tokens/s within 2% on both; at 1.0 multi_turn's p99 rose to
 # 0.256 s, at 3.0 its p90 to 0.209 s (one replica took the shared system prompt's whole traffic).
+# Again on the engine that caches a prompt's blocks when their step is scheduled (vLLM V1; tokenyard.sim since
+# 2026-12-07), one run, 3 rounds, 0.5 / 1.0 / 1.5 (bench/results/router-miss-penalty-tuning-2026-12-08.txt; TTFT
+# p90 / p99 s, tokens/s): shared_prefix_70 0.430 / 0.468, 1,465 -> 0.424 / 0.463, 1,464 -> 0.425 / 0.463, 1,462;
+# shared_prefix_95 0.418 / 0.533, 1,795 -> 0.420 / 0.554, 1,794 -> 0.421 / 0.530, 1,842; no_sharing alike (no
+# prefix to miss); multi_turn 0.169 / 0.227, 1,384 -> 0.188 / 0.253, 1,371 -> 0.201 / 0.272, 1,395, worse in every
+# round (p99 0.21 0.21 0.23 -> 0.24 0.25 0.27): a conversation waits at its busy holder. So 0.5 stays, although
+# held out, zipf_tenants at 1.5 had what the defaults lack there (one run, router-miss-penalty-zipf-2026-12-07.txt:
+# 541 -> 595 tokens/s against sglang-router threshold_0.6's 580, closed-loop hit rate 0.677 -> 0.717 against
+# 0.707, p90 / p99 0.933 / 1.087 -> 0.971 / 1.131 against 1.030 / 2.514). What separates the two: zipf_tenants'
+# misses push out prefixes that other tenants' requests come back for within seconds, multi_turn's push out turns
+# of conversations; a penalty priced by what the miss would evict there (the index's least recently used blocks
+# and how recently they were used) is the form to try.
 DEFAULT_MISS_PENALTY = 0.5
 # Issue 14, zipf_tenants (held out) closed loop, diagnosed with per-engine logs (one 14 s run, 2026-12-03): the
 # prefix index was right (of 178 requests it sent to a replica predicted to hold >= half the prompt, 7 found less than a tenth
