@@ -86,7 +86,9 @@ DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated", "freeSlo
 # 0.707, p90 / p99 0.933 / 1.087 -> 0.971 / 1.131 against 1.030 / 2.514). What separates the two: zipf_tenants'
 # misses push out prefixes that other tenants' requests come back for within seconds, multi_turn's push out turns
 # of conversations; a penalty priced by what the miss would evict there (the index's least recently used blocks
-# and how recently they were used) is the form to try.
+# and how recently they were used) is the form to try. A tighter hot-spot guard does not separate them (one run,
+# router-miss-penalty-guard-2026-12-08.txt): 1.5 with --hotspot-ratio 1.25 gave multi_turn 0.188 / 0.245 against
+# the defaults' 0.174 / 0.239 (1.5 alone 0.193 / 0.257) and zipf_tenants 584 tokens/s against 542 (1.5 alone 573).
 DEFAULT_MISS_PENALTY = 0.5
 # Issue 14, zipf_tenants (held out) closed loop, diagnosed with per-engine logs (one 14 s run, 2026-12-03): the
 # prefix index was right (of 178 requests it sent to a replica predicted to hold >= half the prompt, 7 found less than a tenth
