@@ -83,9 +83,9 @@ DEFAULT_FILTERS = ("healthy", "notEjected", "revision", "notSaturated", "freeSlo
 # round (p99 0.21 0.21 0.23 -> 0.24 0.25 0.27): a conversation waits at its busy holder. So 0.5 stays, although
 # held out, zipf_tenants at 1.5 had what the defaults lack there (one run, router-miss-penalty-zipf-2026-12-07.txt:
 # 541 -> 595 tokens/s against sglang-router threshold_0.6's 580, closed-loop hit rate 0.677 -> 0.717 against
-# 0.707, p90 / p99 0.933 / 1.087 -> 0.971 / 1.131 against 1.030 / 2.514). What separates the two: zipf_tenants'
-# misses push out prefixes that other tenants' requests come back for within seconds, multi_turn's push out turns
-# of conversations; a penalty priced by what the miss would evict there (the index's least recently used blocks
+# 0.707, p90 / p99 0.933 / 1.087 -> 0.971 / 1.131 against 1.030 / 2.514). What may separate the two (a guess, not
+# measured): zipf_tenants' misses push out prefixes other tenants' requests come back for soon, multi_turn's push
+# out turns of conversations; a penalty priced by what the miss would evict there (the index's least recently used blocks
 # and how recently they were used) is the form to try. A tighter hot-spot guard does not separate them (one run,
 # router-miss-penalty-guard-2026-12-08.txt): 1.5 with --hotspot-ratio 1.25 gave multi_turn 0.188 / 0.245 against
 # the defaults' 0.174 / 0.239 (1.5 alone 0.193 / 0.257) and zipf_tenants 584 tokens/s against 542 (1.5 alone 573).
